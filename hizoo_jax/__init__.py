@@ -1,0 +1,37 @@
+"""hizoo-jax: Hessian-informed zeroth-order optimizers as Optax transformations.
+
+    import hizoo_jax as hz
+    tx = hz.hizoo(1e-3, mu=1e-3)
+    state = tx.init(params)
+    updates, state = tx.update(None, state, params, value_fn=loss_of_params)
+    params = optax.apply_updates(params, updates)
+"""
+
+from hizoo_jax._src.alias import hizoo, hizoo_l, mezo
+from hizoo_jax._src.hessian import FactoredHessian
+from hizoo_jax._src.sampling import gaussian, rademacher
+from hizoo_jax._src.train_step import make_train_step
+from hizoo_jax._src.transform import (
+    HiZOOState,
+    ZOState,
+    get_hessian,
+    scale_by_hizoo,
+    scale_by_zo,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FactoredHessian",
+    "HiZOOState",
+    "ZOState",
+    "gaussian",
+    "get_hessian",
+    "hizoo",
+    "hizoo_l",
+    "make_train_step",
+    "mezo",
+    "rademacher",
+    "scale_by_hizoo",
+    "scale_by_zo",
+]
