@@ -1,0 +1,60 @@
+"""Shared test problems and helpers."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax.tree_utils as otu
+
+from hizoo_jax._src import sampling
+
+_K = 4096
+_QUANTILES = None
+
+
+def quantile_table() -> np.ndarray:
+  """Explicit Gaussian noise values: the K mid-point quantiles of N(0, 1)."""
+  global _QUANTILES
+  if _QUANTILES is None:
+    from statistics import NormalDist
+
+    nd = NormalDist()
+    _QUANTILES = np.array([nd.inv_cdf((i + 0.5) / _K) for i in range(_K)])
+  return _QUANTILES
+
+
+def explicit_sampler(key, shape, dtype):
+  """Noise drawn from an explicit NumPy table of Gaussian quantiles (E z^4 ~ 3)."""
+  idx = jax.random.randint(key, shape, 0, _K)
+  return jnp.asarray(quantile_table(), dtype)[idx]
+
+
+def step_noise(state, params, n, sampler):
+  """The noise ``[z_1 .. z_n]`` the next update of ``state`` will draw (NumPy dicts)."""
+  key = jax.random.wrap_key_data(otu.tree_get(state, "key"))
+  noise_key, _ = sampling.split_state_key(key)
+  return [
+      jax.tree.map(np.asarray, sampling.direction_noise(noise_key, j, params, sampler))
+      for j in range(n)
+  ]
+
+
+def problem(xp, seed: int = 0):
+  """A small smooth non-quadratic loss over a dict of leaves of ranks 0..3."""
+  rng = np.random.default_rng(seed)
+  X = rng.standard_normal((7, 5))
+  y = rng.standard_normal(7)
+  params = {
+      "w1": rng.standard_normal((5, 6)) * 0.5,
+      "b1": rng.standard_normal(6) * 0.1,
+      "w3": rng.standard_normal((2, 5, 6)) * 0.3,
+      "s": np.array(0.7),
+  }
+
+  def f(p):
+    h = xp.tanh(X @ p["w1"] + p["b1"])
+    u = xp.einsum("nk,bjk->nbj", h, p["w3"]).sum(axis=(1, 2)) * p["s"]
+    return xp.mean(xp.logaddexp(0.0, u - y)) + 0.05 * xp.sum(p["w1"] ** 2)
+
+  return params, f
