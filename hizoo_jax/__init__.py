@@ -9,14 +9,17 @@
 
 from hizoo_jax._src.alias import hizoo, hizoo_l, mezo
 from hizoo_jax._src.hessian import FactoredHessian
-from hizoo_jax._src.sampling import gaussian, rademacher
+from hizoo_jax._src.sampling import fast_gaussian, gaussian, rademacher
+from hizoo_jax._src.sharding import shard_state, state_shardings
 from hizoo_jax._src.train_step import make_train_step
 from hizoo_jax._src.transform import (
     HiZOOState,
+    ZOHooks,
     ZOState,
     get_hessian,
     scale_by_hizoo,
     scale_by_zo,
+    zo_hooks,
 )
 
 __version__ = "0.1.0"
@@ -24,7 +27,9 @@ __version__ = "0.1.0"
 __all__ = [
     "FactoredHessian",
     "HiZOOState",
+    "ZOHooks",
     "ZOState",
+    "fast_gaussian",
     "gaussian",
     "get_hessian",
     "hizoo",
@@ -34,4 +39,7 @@ __all__ = [
     "rademacher",
     "scale_by_hizoo",
     "scale_by_zo",
+    "shard_state",
+    "state_shardings",
+    "zo_hooks",
 ]

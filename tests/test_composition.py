@@ -241,5 +241,5 @@ def test_flax_nnx_optimizer():
     u, state = tx.update(None, state, params, value_fn=value_fn)
     params = optax.apply_updates(params, u)
   chex.assert_trees_all_close(nnx.as_pure(nnx.state(model, nnx.Param)), params,
-                              rtol=1e-9, atol=1e-12)
+                              rtol=1e-6, atol=1e-9)  # 60 steps of eager vs jit rounding
   assert hz.get_hessian(nnx.as_pure(optimizer.opt_state))["kernel"].shape == (4, 2)

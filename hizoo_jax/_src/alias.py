@@ -29,7 +29,11 @@ def _with_decay_and_lr(
   if not (isinstance(weight_decay, int | float) and weight_decay == 0):
     parts.append(optax.add_decayed_weights(weight_decay, weight_decay_mask))
   parts.append(optax.scale_by_learning_rate(learning_rate))
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  # The ZO state is the chain's first: let make_train_step find it (the lean path).
+  hooks = transform.zo_hooks(estimate)
+  tx.update.zo_hooks = hooks._replace(locate=lambda opt_state: opt_state[0])
+  return tx
 
 
 def mezo(

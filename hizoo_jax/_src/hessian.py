@@ -30,6 +30,8 @@ for a true 1.0 on diag(1, 2, 5, 10, 30)), almost as biased as the paper estimato
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -113,14 +115,20 @@ def estimate(
 
 def update_leaf(
     h: jax.Array | FactoredHessian,
-    z: jax.Array,
+    z: jax.Array | Callable[..., jax.Array],
     curvature: jax.Array,
     alpha: jax.Array,
     *,
     estimator: str,
     clip: tuple[float, float],
+    rows: Callable[[Any, int], jax.Array] | None = None,
 ) -> jax.Array | FactoredHessian:
   """One EMA step of the leaf's Hessian with the estimate from noise ``z``.
+
+  ``z`` is the leaf's noise, or (factored leaves) a function ``z(after=())`` regenerating
+  it, ordered after ``after``. ``rows(start, count)`` (factored leaves, optional) draws a
+  block of rows of the same noise: then the row and column sums of the estimate are
+  accumulated block by block and no leaf-sized temporary exists.
 
   The arithmetic runs in at least float32 and the result is clipped into the storage
   dtype's finite, normal range before the cast back, so a low-precision ``H`` (which the
@@ -129,12 +137,20 @@ def update_leaf(
   lo, hi = clip
   alpha = jnp.asarray(alpha)
   if is_factored(h):
-    p, q = z.shape[-2], z.shape[-1]
+    # z may be a function ``z(after=())`` that regenerates the noise: then the row and
+    # the column sums each draw it inside their own reduction and E is never stored.
     work = _upcast(h)
-    e = estimate(dense(work, clip), z, curvature, estimator)
+    p, q = work.row.shape[-1], work.col.shape[-1]
+    if rows is not None:
+      row_sum, col_sum = _blocked_sums(work, rows, curvature, estimator, clip)
+    else:
+      zfn = z if callable(z) else (lambda after=(): z)
+      full = dense(work, clip)
+      row_sum = jnp.sum(estimate(full, zfn(), curvature, estimator), axis=-1)
+      col_sum = jnp.sum(estimate(full, zfn(after=row_sum), curvature, estimator), axis=-2)
     a = alpha.astype(work.row.dtype)
-    row = _floor(work.row + a * (jnp.sum(e, axis=-1) - work.row), work.row, estimator)
-    col = _floor(work.col + a * (jnp.sum(e, axis=-2) - work.col), work.col, estimator)
+    row = _floor(work.row + a * (row_sum - work.row), work.row, estimator)
+    col = _floor(work.col + a * (col_sum - work.col), work.col, estimator)
     # Row sums of an H in [lo, hi] lie in [q lo, q hi]; column sums in [p lo, p hi].
     return FactoredHessian(
         _store(row, q * lo, q * hi, h.row.dtype), _store(col, p * lo, p * hi, h.col.dtype)
@@ -143,6 +159,34 @@ def update_leaf(
   e = estimate(work, z, curvature, estimator)
   new = _floor(work + alpha.astype(work.dtype) * (e - work), work, estimator)
   return _store(new, lo, hi, h.dtype)
+
+
+BLOCK_ELEMENTS = 1 << 20  # elements of a factored leaf's estimate alive at a time
+
+
+def _blocked_sums(work: FactoredHessian, rows, curvature, estimator, clip):
+  """Row and column sums of a factored leaf's estimate, accumulated over row blocks."""
+  lead, p, q = work.row.shape[:-1], work.row.shape[-1], work.col.shape[-1]
+  block = max(1, min(p, BLOCK_ELEMENTS // max(1, q * math.prod(lead))))
+  n_blocks = -(-p // block)
+  total = jnp.sum(work.row, axis=-1)[..., None, None]
+  dtype = work.row.dtype
+
+  def body(k, sums):
+    row_sum, col_sum = sums
+    start = jnp.minimum(k * block, p - block)  # the last block may overlap the previous
+    own = start + jnp.arange(block) >= k * block
+    r = jax.lax.dynamic_slice_in_dim(work.row, start, block, axis=-1)
+    h = jnp.clip(r[..., :, None] * work.col[..., None, :] / total, clip[0], clip[1])
+    e = estimate(h, rows(start, block).astype(dtype), curvature, estimator)
+    e = jnp.where(own[:, None], e, 0)
+    old = jax.lax.dynamic_slice_in_dim(row_sum, start, block, axis=-1)
+    new = jnp.where(own, jnp.sum(e, axis=-1), old)
+    row_sum = jax.lax.dynamic_update_slice_in_dim(row_sum, new, start, axis=-1)
+    return row_sum, col_sum + jnp.sum(e, axis=-2)
+
+  init = (jnp.zeros(lead + (p,), dtype), jnp.zeros(lead + (q,), dtype))
+  return jax.lax.fori_loop(0, n_blocks, body, init)
 
 
 def _upcast(h: Any) -> Any:

@@ -136,7 +136,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int | None:
 
 def _check_sampler(sampler: Any, *, needs_gaussian: bool) -> sampling.Sampler:
   if sampler is None:
-    return sampling.gaussian
+    return sampling.DEFAULT_SAMPLER
   if not callable(sampler):
     raise TypeError(f"sampler must be callable as sampler(key, shape, dtype), got {sampler!r}")
   if needs_gaussian and not sampling.is_gaussian(sampler):
@@ -246,18 +246,23 @@ def _zo_estimate(
     hessian: Any,
     hessian_step: jax.Array | bool,
     alpha: jax.Array,
+    losses: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> tuple[Any, Any, dict[str, jax.Array]]:
   """One zeroth-order step: returns ``(g, new_hessian, stats)``.
 
   ``hessian`` is None for MeZO. ``hessian_step`` says whether this step measures ``l0``
-  and updates ``H`` (it may be a traced bool).
+  and updates ``H`` (it may be a traced bool). ``losses = (l0, l+[n], l-[n])``, when
+  given, are the losses measured elsewhere at exactly these perturbations (the lean train
+  step measures them on in-place perturbed params); then ``value_fn`` is not called.
   """
   loss_dtype = _loss_dtype(params)
   clip = cfg.hessian_clip
   mu = jnp.asarray(mu)
   value = lambda p: _evaluate(value_fn, p, loss_dtype)
 
-  if cfg.hizoo:
+  if losses is not None:
+    l0 = jnp.asarray(losses[0], loss_dtype) if cfg.hizoo else None
+  elif cfg.hizoo:
     if hessian_step is True:
       l0 = value(params)
     elif hessian_step is False:
@@ -279,10 +284,17 @@ def _zo_estimate(
 
   def direction(carry, j):
     h, g_sum, n_valid, n_skip_h = carry
-    z = sampling.direction_noise(noise_key, j, params, sampler)
-    s = scales_of(h)
-    lp = value(_perturb(params, s, z, mu))
-    lm = value(_perturb(params, s, z, -mu))
+    dkey = sampling.direction_key(noise_key, j)
+    noise = lambda k: sampling.leaf_noise(k, params, sampler)
+    if losses is not None:
+      lp = jnp.asarray(losses[1], loss_dtype)[j]
+      lm = jnp.asarray(losses[2], loss_dtype)[j]
+      ukey = dkey
+    else:
+      s = scales_of(h)
+      lp = value(_perturb(params, s, noise(dkey), mu))
+      lm = value(_perturb(params, s, noise(dkey), -mu))
+      ukey = dkey
     finite = jnp.isfinite(lp) & jnp.isfinite(lm)
     if cfg.hizoo:
       hstep = jnp.asarray(hessian_step)
@@ -293,24 +305,54 @@ def _zo_estimate(
       resolved = (jnp.abs(d2) > cfg.curvature_floor * eps * scale) | (cfg.curvature_floor == 0)
       do_h = hstep & finite & resolved
       curvature = d2 / (2 * mu.astype(loss_dtype) ** 2)
-      h_new = jax.tree.map(
-          lambda hl, zl: hess.update_leaf(
-              hl, zl, curvature, alpha, estimator=cfg.estimator, clip=clip
-          ),
-          h,
-          z,
-          is_leaf=hess.is_factored,
-      )
-      h = hess.select(do_h, h_new, h)
-      s = scales_of(h)
       n_skip_h = n_skip_h + (hstep & finite & ~resolved).astype(jnp.int32)
     proj = jnp.where(finite, (lp - lm) / (2 * mu.astype(loss_dtype)), 0)
-    if s is None:
-      g_sum = jax.tree.map(lambda a, zl: a + proj.astype(zl.dtype) * zl, g_sum, z)
-    else:
-      g_sum = jax.tree.map(
-          lambda a, sl, zl: a + proj.astype(zl.dtype) * sl.astype(zl.dtype) * zl, g_sum, s, z
-      )
+
+    # The update pass, leaf by leaf. Dense leaves are one fused elementwise loop each.
+    # A factored leaf needs reductions over its estimate; its noise is regenerated for
+    # each use, after the previous factored leaf is done, so that neither its estimate
+    # nor its noise is ever materialised and at most one leaf's temporaries are alive.
+    flat_p, treedef = jax.tree.flatten(params)
+    flat_k = treedef.flatten_up_to(sampling.leaf_keys(ukey, params))
+    flat_g = treedef.flatten_up_to(g_sum)
+    flat_h = treedef.flatten_up_to(h) if cfg.hizoo else [None] * len(flat_p)
+    new_h, new_g, last = [], [], None
+    for p_i, k_i, g_i, h_i in zip(flat_p, flat_k, flat_g, flat_h, strict=True):
+
+      def zfn(after=(), k_i=k_i, p_i=p_i):
+        return sampling.sample_leaf(sampler, sampling.tie(k_i, after), p_i)
+
+      if cfg.hizoo:
+        factored = hess.is_factored(h_i)
+        if factored:
+          # A conditional per factored leaf, its predicate depending on the previous
+          # leaf: the leaves' reductions run one after another and their temporaries
+          # (XLA stores this leaf's estimate for its row and column sums) never coexist.
+          go = do_h if last is None else do_h & jnp.all(jnp.isfinite(last.row))
+          rows = sampling.leaf_rows(sampler, k_i, p_i)
+          h_i = jax.lax.cond(
+              go,
+              lambda h, zfn=zfn, rows=rows: hess.update_leaf(
+                  h, zfn, curvature, alpha, estimator=cfg.estimator, clip=clip, rows=rows),
+              lambda h: h,
+              h_i,
+          )
+        else:
+          h_up = hess.update_leaf(h_i, zfn(), curvature, alpha, estimator=cfg.estimator, clip=clip)
+          h_i = hess.select(do_h, h_up, h_i)
+        if factored:
+          z_i = zfn(after=h_i)
+          last = h_i
+        else:
+          z_i = zfn()
+        scaled = hess.inv_sqrt(h_i, clip).astype(z_i.dtype) * z_i
+      else:
+        scaled = zfn()
+      new_h.append(h_i)
+      new_g.append(g_i + proj.astype(scaled.dtype) * scaled)
+    if cfg.hizoo:
+      h = treedef.unflatten(new_h)
+    g_sum = treedef.unflatten(new_g)
     n_valid = n_valid + finite.astype(jnp.int32)
     return (h, g_sum, n_valid, n_skip_h), (lp, lm)
 
@@ -399,6 +441,33 @@ def _make(
   else:
     impl = str(jax.config.jax_default_prng_impl)
 
+  def keys_of(state, key=None):
+    """``(noise key of this step, key of the next state)``."""
+    noise_key, next_key = sampling.split_state_key(
+        jax.random.wrap_key_data(state.key, impl=impl)
+    )
+    if key is not None:
+      noise_key, _ = sampling.split_state_key(_as_typed_key(key, impl))
+    return noise_key, next_key
+
+  def hessian_step_of(state) -> jax.Array | bool:
+    if not cfg.hizoo:
+      return False
+    if k_static == 1:
+      return True
+    return (state.count % jnp.asarray(hessian_update_every, jnp.int32)) == 0
+
+  def perturb(params, state, coef, base=None):
+    """``base + coef * mu * H^{-1/2} z`` with the z of this state's step, direction 0."""
+    dkey = sampling.direction_key(keys_of(state)[0], 0)
+    z = sampling.leaf_noise(dkey, params, sampler)
+    scales = None
+    if cfg.hizoo:
+      scales = jax.tree.map(
+          lambda h: hess.inv_sqrt(h, cfg.hessian_clip), state.hessian, is_leaf=hess.is_factored
+      )
+    return _perturb(params if base is None else base, scales, z, coef * jnp.asarray(mu))
+
   def init_fn(params):
     _check_params(params)
     if n_static is None:
@@ -443,21 +512,18 @@ def _make(
         **common,
     )
 
-  def update_fn(updates, state, params=None, *, value_fn=None, key=None, **extra_args):
+  def update_fn(
+      updates, state, params=None, *, value_fn=None, key=None, zo_losses=None, **extra_args
+  ):
     del updates, extra_args  # ZO transforms measure the loss themselves.
-    value_fn = _resolve_value_fn(value_fn)
+    if zo_losses is None:
+      value_fn = _resolve_value_fn(value_fn)
     _check_params(params)
     n = state.loss_plus.shape[0]
-    state_key = jax.random.wrap_key_data(state.key, impl=impl)
-    noise_key, next_key = sampling.split_state_key(state_key)
-    if key is not None:
-      noise_key, _ = sampling.split_state_key(_as_typed_key(key, impl))
+    noise_key, next_key = keys_of(state, key)
 
     if cfg.hizoo:
-      if k_static == 1:
-        hessian_step: jax.Array | bool = True
-      else:
-        hessian_step = (state.count % jnp.asarray(hessian_update_every, jnp.int32)) == 0
+      hessian_step = hessian_step_of(state)
       alpha = hessian_smoothing(state.count) if callable(hessian_smoothing) else hessian_smoothing
       hessian = state.hessian
     else:
@@ -474,6 +540,7 @@ def _make(
         hessian,
         hessian_step,
         jnp.asarray(alpha),
+        losses=zo_losses,
     )
     common = dict(
         count=numerics.safe_increment(state.count),
@@ -493,7 +560,42 @@ def _make(
         **common,
     )
 
+  update_fn.zo_hooks = ZOHooks(
+      hizoo=cfg.hizoo,
+      locate=lambda opt_state: opt_state,
+      perturb=perturb,
+      hessian_step=hessian_step_of,
+      loss_dtype=_loss_dtype,
+  )
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class ZOHooks(NamedTuple):
+  """What :func:`hizoo_jax.make_train_step` needs to run a ZO step's passes itself.
+
+  Attached as ``tx.update.zo_hooks`` by :func:`scale_by_zo`, :func:`scale_by_hizoo` and
+  the aliases. The lean step perturbs the params in place with :attr:`perturb`, measures
+  the losses, and hands them to ``tx.update(..., zo_losses=(l0, l+, l-))``, which then
+  runs the same estimator code as a plain update without calling ``value_fn``.
+
+  Attributes:
+    hizoo: whether the transform measures ``l0`` and keeps a Hessian.
+    locate: the ZO transform's state within the optimizer state.
+    perturb: ``perturb(params, zo_state, coef, base=None) -> base + coef mu H^{-1/2} z``.
+    hessian_step: ``hessian_step(zo_state)``: whether this step measures ``l0``.
+    loss_dtype: ``loss_dtype(params)``: the dtype losses are recorded in.
+  """
+
+  hizoo: bool
+  locate: Callable[[Any], Any]
+  perturb: Callable[..., Any]
+  hessian_step: Callable[[Any], Any]
+  loss_dtype: Callable[[Any], Any]
+
+
+def zo_hooks(tx: optax.GradientTransformation) -> ZOHooks | None:
+  """The :class:`ZOHooks` of ``tx`` (None if ``tx`` exposes none, e.g. a custom chain)."""
+  return getattr(tx.update, "zo_hooks", None)
 
 
 def scale_by_zo(
@@ -516,8 +618,10 @@ def scale_by_zo(
   Args:
     mu: perturbation scale (> 0).
     num_directions: directions ``n`` averaged per step (2n forward passes).
-    sampler: ``sampler(key, shape, dtype) -> array``; Gaussian by default
-      (:func:`hizoo_jax.rademacher` works too).
+    sampler: ``sampler(key, shape, dtype) -> array``; default
+      :func:`hizoo_jax.fast_gaussian` (Gaussian moments through the fourth, fused into
+      the passes that use it); :func:`hizoo_jax.gaussian` (exact normal, threefry) and
+      :func:`hizoo_jax.rademacher` work too.
     seed: int seed or PRNG key; the state carries the key and advances it every step.
 
   Returns:
@@ -593,7 +697,10 @@ def scale_by_hizoo(
       under ``optax.inject_hyperparams``.
     curvature_floor: multiple of ``eps * max|l|`` under which a second difference is
       treated as rounding noise.
-    sampler: ``sampler(key, shape, dtype) -> array``; must be Gaussian (default).
+    sampler: ``sampler(key, shape, dtype) -> array`` with Gaussian moments: default
+      :func:`hizoo_jax.fast_gaussian` (E z^2 = 1, E z^4 = 3 exactly, fused into the
+      passes that use it), or :func:`hizoo_jax.gaussian` (exact normal, threefry; slower
+      and it materialises the noise). Rademacher noise is refused.
     seed: int seed or PRNG key; the state carries the key and advances it every step.
 
   Returns:

@@ -1,0 +1,174 @@
+"""The lean (in-place, multi-call) train step against the plain transform."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optax.tree_utils as otu
+import pytest
+
+import hizoo_jax as hz
+
+
+def mlp(sizes, dtype=jnp.float64, seed=0):
+  keys = jax.random.split(jax.random.key(seed), len(sizes))
+  return {f"l{i}": {"w": (jax.random.normal(k, (a, b)) / np.sqrt(a)).astype(dtype),
+                    "b": jnp.zeros((b,), dtype)}
+          for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:], strict=False))}
+
+
+def loss_fn(p, x, y):
+  h = x
+  for i in range(len(p)):
+    h = h @ p[f"l{i}"]["w"] + p[f"l{i}"]["b"]
+    if i < len(p) - 1:
+      h = jnp.tanh(h)
+  return jnp.mean((h - y) ** 2)
+
+
+X = jax.random.normal(jax.random.key(1), (32, 8), jnp.float64)
+Y = jax.random.normal(jax.random.key(2), (32, 4), jnp.float64)
+
+OPTIMIZERS = {
+    "mezo_wd": lambda: hz.mezo(1e-2, weight_decay=0.1),
+    "hizoo": lambda: hz.hizoo(1e-2, hessian_smoothing=0.1),
+    "hizoo_unbiased": lambda: hz.hizoo(1e-2, hessian_smoothing=0.05, estimator="unbiased"),
+    "hizoo_every3": lambda: hz.hizoo(1e-2, hessian_smoothing=0.1, hessian_update_every=3),
+    "hizoo_l": lambda: hz.hizoo_l(1e-2, hessian_smoothing=0.1, min_dim_size_to_factor=4),
+    "hizoo_schedules": lambda: hz.hizoo(optax.linear_schedule(2e-2, 1e-3, 5),
+                                        hessian_smoothing=optax.linear_schedule(0.3, 0.01, 5)),
+    "hizoo_threefry": lambda: hz.hizoo(1e-2, hessian_smoothing=0.1, sampler=hz.gaussian),
+}
+
+
+def run(make, steps=6, **kw):
+  tx = make()
+  params = mlp([8, 16, 16, 4])
+  state = tx.init(params)
+  step = hz.make_train_step(tx, loss_fn, **kw)
+  losses = []
+  for _ in range(steps):
+    params, state, loss = step(params, state, X, Y)
+    losses.append(float(loss))
+  return params, state, np.array(losses)
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_lean_step_follows_the_plain_transform(name):
+  p0, s0, l0 = run(OPTIMIZERS[name], lean=False)
+  p1, s1, l1 = run(OPTIMIZERS[name], lean=True, restore="exact")
+  p2, s2, l2 = run(OPTIMIZERS[name], lean=True, restore="inplace")
+  # exact restore: the same floating-point operations as the plain update (threefry's
+  # erf_inv may round differently in another fusion: ~1e-13)
+  tol = dict(rtol=1e-9, atol=1e-12) if "threefry" in name else dict(rtol=1e-12, atol=1e-14)
+  chex.assert_trees_all_close(p1, p0, **tol)
+  chex.assert_trees_all_close(s1, s0, **tol)
+  np.testing.assert_allclose(l1, l0, rtol=tol["rtol"])
+  # in place: theta + mu s z - 2 mu s z + mu s z drifts by float64 rounding only
+  chex.assert_trees_all_close(p2, p0, rtol=1e-9, atol=1e-11)
+  chex.assert_trees_all_close(hz.get_hessian(s2) if "hizoo" in name else 0,
+                              hz.get_hessian(s0) if "hizoo" in name else 0, rtol=1e-7)
+  np.testing.assert_allclose(l2, l0, rtol=1e-9)
+
+
+def test_several_directions_fall_back_to_the_plain_step():
+  make = lambda: hz.hizoo(1e-2, hessian_smoothing=0.1, num_directions=3)
+  p0, _, _ = run(make, lean=False)
+  p1, _, _ = run(make)  # lean by default, but it cannot: one executable instead
+  chex.assert_trees_all_close(p1, p0, rtol=1e-12)
+  with pytest.raises(ValueError, match="one direction"):
+    run(make, lean=True)
+
+
+def test_lean_needs_hooks_and_a_valid_restore():
+  zo_adam = optax.chain(hz.scale_by_zo(), optax.adam(1e-3))
+  assert hz.zo_hooks(zo_adam) is None
+  with pytest.raises(ValueError, match="lean=True"):
+    hz.make_train_step(zo_adam, loss_fn, lean=True)
+  hz.make_train_step(zo_adam, loss_fn)  # plain path
+  with pytest.raises(ValueError, match="restore"):
+    hz.make_train_step(hz.mezo(1e-3), loss_fn, restore="copy")
+
+
+def test_lean_step_donates_and_can_keep_inputs():
+  tx = hz.hizoo(1e-2)
+  params = mlp([8, 16, 4], jnp.float32)
+  state = tx.init(params)
+  new_p, new_s, _ = hz.make_train_step(tx, loss_fn)(params, state, X, Y)
+  assert params["l0"]["w"].is_deleted()
+  assert otu.tree_get(state, "hessian")["l0"]["w"].is_deleted()
+  kept_p, kept_s = mlp([8, 16, 4], jnp.float32), tx.init(mlp([8, 16, 4], jnp.float32))
+  hz.make_train_step(tx, loss_fn, donate=False)(kept_p, kept_s, X, Y)
+  assert not kept_p["l0"]["w"].is_deleted()
+  assert not otu.tree_get(kept_s, "hessian")["l0"]["w"].is_deleted()
+
+
+@pytest.mark.parametrize("make, limit", [
+    (lambda: hz.mezo(1e-3), 0.1),
+    (lambda: hz.hizoo(1e-3), 0.1),      # plus its H, which is state, not temporary
+    (lambda: hz.hizoo_l(1e-3), 0.1),    # row blocks of one factored leaf at a time
+], ids=["mezo", "hizoo", "hizoo_l"])
+def test_lean_executables_need_no_params_sized_temporaries(make, limit, monkeypatch):
+  """Compiled temporaries of every lean pass, in units of the params' bytes."""
+  from hizoo_jax._src import hessian
+
+  monkeypatch.setattr(hessian, "BLOCK_ELEMENTS", 8192)  # 256 x 256 leaves: 8 row blocks
+  tx = make()
+  params = mlp([256, 256, 256, 256, 256], jnp.float32)
+  nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  state = tx.init(params)
+  ex = hz.make_train_step(tx, loss_fn).executables(params, state)
+  z = jnp.zeros((), jnp.float32)
+  temps = {
+      "perturb": ex.perturb_inplace.lower(params, state, 1.0),
+      "update_params": ex.update_params.lower(params, state, z, z, z, True),
+      "update_state": ex.update_state.lower(state, params, z, z, z),
+  }
+  for name, lowered in temps.items():
+    temp = lowered.compile().memory_analysis().temp_size_in_bytes
+    assert temp <= limit * nbytes, (name, temp / nbytes)
+
+
+def test_auto_restore_is_exact_for_16_bit_params_and_in_place_otherwise():
+  """With lr = 0 an exact step leaves theta unchanged; the in-place one drifts by rounding."""
+  for dtype, drifts in ((jnp.bfloat16, False), (jnp.float32, True)):
+    params0 = mlp([8, 16, 4], dtype)
+    tx = hz.hizoo(0.0, mu=1e-2)
+    step = hz.make_train_step(tx, loss_fn, donate=False)
+    params, state = params0, tx.init(params0)
+    for _ in range(5):
+      params, state, _ = step(params, state, X.astype(dtype), Y)
+    same = all(bool(jnp.all(a == b)) for a, b in
+               zip(jax.tree.leaves(params), jax.tree.leaves(params0), strict=True))
+    assert same != drifts, dtype
+    # and the explicit modes do what they say
+    exact = hz.make_train_step(tx, loss_fn, donate=False, restore="exact")
+    p, s = params0, tx.init(params0)
+    p, s, _ = exact(p, s, X.astype(dtype), Y)
+    chex.assert_trees_all_equal(p, params0)
+
+
+@pytest.mark.parametrize("estimator", ["paper", "unbiased"])
+def test_blocked_factored_update_equals_the_whole_leaf_update(monkeypatch, estimator):
+  """Row blocks (with an overlapping last block and leading dims) give the same H."""
+  from hizoo_jax._src import hessian
+
+  monkeypatch.setattr(hessian, "BLOCK_ELEMENTS", 40)  # several blocks on small leaves
+  params = {"w": jax.random.normal(jax.random.key(0), (3, 13, 7), jnp.float64),
+            "v": jax.random.normal(jax.random.key(1), (11, 9), jnp.float64)}
+  f = lambda p: jnp.sum(jnp.tanh(p["w"]) ** 2) + jnp.sum(p["v"] ** 4)
+  no_rows = lambda key, shape, dtype: hz.fast_gaussian(key, shape, dtype)  # no .rows
+  outs = []
+  for sampler in (hz.fast_gaussian, no_rows):
+    tx = hz.hizoo_l(0.01, hessian_smoothing=0.3, min_dim_size_to_factor=5, sampler=sampler,
+                    estimator=estimator)
+    p, s = params, tx.init(params)
+    for _ in range(3):
+      u, s = tx.update(None, s, p, value_fn=f)
+      p = optax.apply_updates(p, u)
+    outs.append((p, hz.get_hessian(s)))
+  assert hz.FactoredHessian is type(otu.tree_get(s, "hessian")["w"])
+  chex.assert_trees_all_close(outs[0], outs[1], rtol=1e-12, atol=1e-14)
