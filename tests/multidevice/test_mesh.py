@@ -1,0 +1,187 @@
+"""Zeroth-order training on a mesh of 8 (virtual CPU) devices: data parallel and FSDP."""
+
+from __future__ import annotations
+
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax.tree_utils as otu
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import hizoo_jax as hz
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute",
+               "all-to-all")
+
+
+def collective_sizes(hlo_text: str) -> list[tuple[str, int]]:
+  """(op, elements) of every operand of every collective in an optimized HLO module
+  (XLA combines several small collectives into one over a tuple)."""
+  out = []
+  pattern = r"= ([^=]*?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\("
+  for m in re.finditer(pattern, hlo_text):
+    for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1)):
+      out.append((m.group(2), int(np.prod([int(d) for d in dims.split(",") if d]))))
+  return out
+
+
+def mlp(sizes, seed=0):
+  keys = jax.random.split(jax.random.key(seed), len(sizes))
+  return {f"l{i}": {"w": jax.random.normal(k, (a, b)) / np.sqrt(a), "b": jnp.zeros((b,))}
+          for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:], strict=False))}
+
+
+def loss_fn(p, x, y):
+  h = x
+  for i in range(len(p)):
+    h = h @ p[f"l{i}"]["w"] + p[f"l{i}"]["b"]
+    if i < len(p) - 1:
+      h = jnp.tanh(h)
+  return jnp.mean((h - y) ** 2)
+
+
+SIZES = [16, 256, 256, 8]
+X = jax.random.normal(jax.random.key(1), (64, 16))
+Y = jax.random.normal(jax.random.key(2), (64, 8))
+OPTIMIZERS = {
+    "mezo": lambda: hz.mezo(1e-2, weight_decay=0.01),
+    "hizoo": lambda: hz.hizoo(1e-2, hessian_smoothing=0.1),
+    "hizoo_l": lambda: hz.hizoo_l(1e-2, hessian_smoothing=0.1, min_dim_size_to_factor=8),
+}
+
+
+def fsdp_shardings(params, mesh, axis="fsdp"):
+  """2-D leaves split on their first dim; 1-D leaves split if divisible, else replicated."""
+  n = mesh.shape[axis]
+  def spec(x):
+    return NamedSharding(mesh, P(axis) if x.shape[0] % n == 0 else P())
+  return jax.tree.map(spec, params)
+
+
+def run(make, steps, *, params_sh=None, batch_sh=None, lean=True):
+  tx = make()
+  params = mlp(SIZES)
+  state = tx.init(params)
+  if params_sh is not None:
+    params = jax.device_put(params, params_sh)
+    state = jax.device_put(state, hz.state_shardings(state, params, params_sh))
+  step = hz.make_train_step(tx, loss_fn, lean=lean, param_shardings=params_sh,
+                            batch_sharding=batch_sh)
+  for _ in range(steps):
+    params, state, loss = step(params, state, X, Y)
+  return params, state, step
+
+
+@pytest.fixture(scope="module")
+def single_device():
+  return {name: run(make, 4)[:2] for name, make in OPTIMIZERS.items()}
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "plain"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_data_parallel_equals_one_device_and_only_scalars_cross(name, lean, single_device):
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  replicated = NamedSharding(mesh, P())
+  params, state, step = run(OPTIMIZERS[name], 4, params_sh=replicated,
+                            batch_sh=NamedSharding(mesh, P("data")), lean=lean)
+  chex.assert_trees_all_close((params, state), single_device[name], rtol=1e-9, atol=1e-12)
+  assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves((params, state)))
+  # the compiled programs exchange scalars only (the losses)
+  x = jax.device_put(X, NamedSharding(mesh, P("data")))
+  y = jax.device_put(Y, NamedSharding(mesh, P("data")))
+  z = jax.device_put(jnp.zeros(()), replicated)
+  if lean:
+    ex = step.executables(params, state)
+    lowered = [ex.fwd.lower(params, x, y), ex.fwd0.lower(params, state, x, y),
+               ex.perturb_inplace.lower(params, state, 1.0),
+               ex.update_params.lower(params, state, z, z, z, True),
+               ex.update_state.lower(state, params, z, z, z)]
+  else:
+    lowered = [step.executable(params, state).lower(params, state, x, y)]
+  sizes = [c for lo in lowered for c in collective_sizes(lo.compile().as_text())]
+  assert sizes, "the loss must be all-reduced across the data axis"
+  assert max(n for _, n in sizes) == 1, sizes  # every operand a scalar
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "plain"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_fsdp_equals_one_device_and_keeps_shardings(name, lean, single_device):
+  mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+  params_sh = fsdp_shardings(mlp(SIZES), mesh)
+  params, state, _ = run(OPTIMIZERS[name], 4, params_sh=params_sh, lean=lean)
+  chex.assert_trees_all_close((params, state), single_device[name], rtol=1e-9, atol=1e-12)
+  for p, s in zip(jax.tree.leaves(params), jax.tree.leaves(params_sh), strict=True):
+    assert p.sharding.is_equivalent_to(s, p.ndim)
+  h = otu.tree_get(state, "hessian")
+  if h is not None:
+    w = h["l1"]["w"]
+    if hz.FactoredHessian is type(w):  # rows split like the param's rows, columns whole
+      assert w.row.sharding.spec == P("fsdp") and w.col.sharding.is_fully_replicated
+    else:
+      assert w.sharding.spec == P("fsdp")
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_fsdp_noise_is_drawn_per_shard(name):
+  """Perturb and update passes: no array of a sharded leaf's full shape, and no traffic but
+  the factored Hessian's own sums."""
+  mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+  big = [16, 1024, 1024, 8]
+  tx = OPTIMIZERS[name]()
+  params = mlp(big)
+  params_sh = fsdp_shardings(params, mesh)
+  params = jax.device_put(params, params_sh)
+  state = jax.device_put(tx.init(params), hz.state_shardings(tx.init(params), params, params_sh))
+  ex = hz.make_train_step(tx, loss_fn, param_shardings=params_sh).executables(params, state)
+  z = jnp.zeros(())
+  passes = {"perturb": ex.perturb_inplace.lower(params, state, 1.0),
+            "update_params": ex.update_params.lower(params, state, z, z, z, True),
+            "update_state": ex.update_state.lower(state, params, z, z, z)}
+  for pass_name, lo in passes.items():
+    text = lo.compile().as_text()
+    # MeZO, HiZOO: none. HiZOO-L: its factored state's reductions across the row shards,
+    # sum(row) (a scalar) and the column sums (q floats): never noise or params.
+    sizes = [n for _, n in collective_sizes(text)]
+    if name == "hizoo_l":
+      assert all(n <= 1024 for n in sizes), (pass_name, sizes)
+    else:
+      assert not sizes, (pass_name, sizes)
+    assert "[1024,1024]" not in text, pass_name  # never the full leaf on one device
+    if pass_name != "update_state" or name == "hizoo":  # (MeZO/HiZOO-L: no dense state)
+      assert "[128,1024]" in text, pass_name  # each device works on its [128, 1024] shard
+
+
+def test_fsdp_per_device_memory_is_the_single_device_figure_over_8():
+  mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+  big = [16, 1024, 1024, 1024, 8]
+  for make in OPTIMIZERS.values():
+    tx = make()
+    p1 = mlp(big)
+    s1 = tx.init(p1)
+    e1 = hz.make_train_step(tx, loss_fn).executables(p1, s1)
+    sh = fsdp_shardings(p1, mesh)
+    p8 = jax.device_put(p1, sh)
+    s8 = jax.device_put(s1, hz.state_shardings(s1, p1, sh))
+    e8 = hz.make_train_step(tx, loss_fn, param_shardings=sh).executables(p8, s8)
+
+    def peak(ex, p, s):
+      m = ex.update_state.lower(s, p, 0.0, 0.0, 0.0).compile().memory_analysis()
+      a = ex.perturb_inplace.lower(p, s, 1.0).compile().memory_analysis()
+      return max(m.argument_size_in_bytes + m.temp_size_in_bytes,
+                 a.argument_size_in_bytes + a.temp_size_in_bytes)
+
+    ratio = peak(e1, p1, s1) / peak(e8, p8, s8)
+    assert ratio > 6.0, ratio  # 8 minus what is replicated (biases, scalars, keys)
+
+
+def test_two_dimensional_mesh_data_and_fsdp(single_device):
+  mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "fsdp"))
+  params_sh = fsdp_shardings(mlp(SIZES), mesh)
+  params, state, _ = run(OPTIMIZERS["hizoo"], 4, params_sh=params_sh,
+                         batch_sh=NamedSharding(mesh, P("data")))
+  chex.assert_trees_all_close((params, state), single_device["hizoo"], rtol=1e-9, atol=1e-12)
