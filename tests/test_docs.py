@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,3 +67,17 @@ def test_demo_quick(tmp_path):
   assert "| HiZOO (paper est.) |" in out.stdout
   for name in ("test_functions.png", "test_functions.md", "test_functions.json"):
     assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_sharded_example_smoke_on_8_virtual_devices():
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  for args in (["--mode", "both"], ["--mode", "fsdp", "--optimizer", "hizoo_l"],
+               ["--mode", "dp", "--optimizer", "mezo"]):
+    out = subprocess.run([sys.executable, "examples/sharded_training.py", "--smoke", *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "8 cpu device(s)" in out.stdout and "step   19" in out.stdout, out.stdout
+    losses = [float(v) for v in re.findall(r"loss ([0-9.]+)", out.stdout)]
+    assert losses and all(np.isfinite(losses)), out.stdout

@@ -337,14 +337,11 @@ def _zo_estimate(
               lambda h: h,
               h_i,
           )
+          last = h_i
         else:
           h_up = hess.update_leaf(h_i, zfn(), curvature, alpha, estimator=cfg.estimator, clip=clip)
           h_i = hess.select(do_h, h_up, h_i)
-        if factored:
-          z_i = zfn(after=h_i)
-          last = h_i
-        else:
-          z_i = zfn()
+        z_i = zfn()
         scaled = hess.inv_sqrt(h_i, clip).astype(z_i.dtype) * z_i
       else:
         scaled = zfn()
