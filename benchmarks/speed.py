@@ -119,11 +119,10 @@ def main():
     t, _ = time_calls(lambda f=f, key=key: block(f(key)), repeats=rep)
     noise[name] = dict(seconds=t, fwd64=t / t_fwd64, fwd1024=t / t_fwd)
   # the same draw fused into a perturbation (what a pass costs beyond reading/writing)
-  w = jnp.ones((N_NOISE,), jnp.float32)
   for name, g in (("w + mu z, hz.fast_gaussian", hz.fast_gaussian),
                   ("w + mu z, threefry", jax.random.normal)):
     f = jax.jit(lambda w, k, g=g: w + 1e-3 * g(k, (N_NOISE,)), donate_argnums=(0,))
-    box = {"w": w}
+    box = {"w": jnp.ones((N_NOISE,), jnp.float32)}  # donated: a fresh buffer per generator
 
     def call(f=f, box=box):
       box["w"] = block(f(box["w"], jax.random.key(0)))
