@@ -18,6 +18,7 @@ jitted, donated step per mini-batch) and first-order ones (``first_order=True``)
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -152,6 +153,32 @@ def batches(n: int, batch_size: int, steps: int, seed: int) -> np.ndarray:
   return idx.reshape(-1, batch_size)[:steps]
 
 
+@functools.lru_cache(maxsize=8)
+def _evaluator(hidden: tuple[int, ...]):
+  """``evaluate(params, data) -> (train loss, test loss, test accuracy)``, jitted once."""
+  graphdef, _ = init_model(0, hidden)
+  loss_fn, acc_fn = make_loss(graphdef), make_accuracy(graphdef)
+  return jax.jit(lambda p, d: (loss_fn(p, d.x_train, d.y_train), loss_fn(p, d.x_test, d.y_test),
+                               acc_fn(p, d.x_test, d.y_test)))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_step(tx: optax.GradientTransformation, first_order: bool, hidden: tuple[int, ...]):
+  """The jitted step of :func:`train` for ``tx``, built once per transformation.
+
+  Runs that reuse the same ``tx`` object (e.g. several seeds: the seed enters through the
+  state's key) reuse its compilation, which costs more than a few thousand steps of this
+  small model. The step gathers its batch from the device-resident train set: one small
+  index array crosses to the device per step.
+  """
+  graphdef, _ = init_model(0, hidden)
+  loss_fn = make_loss(graphdef)
+  batch_loss = lambda p, x, y, i: loss_fn(p, x[i], y[i])
+  if first_order:
+    return first_order_step(tx, batch_loss)
+  return make_train_step(tx, batch_loss)
+
+
 def train(
     tx: optax.GradientTransformation,
     data: Data,
@@ -170,7 +197,8 @@ def train(
 
   Args:
     tx: an Optax transformation: zeroth-order (``hz.hizoo(...)``, a chain with
-      ``hz.scale_by_zo``, ...) unless ``first_order``.
+      ``hz.scale_by_zo``, ...) unless ``first_order``. Runs given the same ``tx`` object
+      share one compiled step (pass one ``tx`` to all seeds of a setting).
     data: from :func:`load_data`.
     steps: optimizer steps.
     batch_size: rows per step (the same batch for all of a step's forward passes).
@@ -191,25 +219,16 @@ def train(
     ``BLOW_UP`` times the initial one, is stopped there; its remaining evaluations are NaN.
   """
   graphdef, params = init_model(seed if model_seed is None else model_seed, hidden)
-  loss_fn = make_loss(graphdef)
-  acc_fn = make_accuracy(graphdef)
-  evaluate = jax.jit(lambda p: (loss_fn(p, data.x_train, data.y_train),
-                                loss_fn(p, data.x_test, data.y_test),
-                                acc_fn(p, data.x_test, data.y_test)))
+  evaluate = _evaluator(hidden)
   state = tx.init(params)
-  # The step gathers its batch from the device-resident train set: one small index
-  # array crosses to the device per step.
-  batch_loss = lambda p, x, y, i: loss_fn(p, x[i], y[i])
-  if first_order:
-    step = first_order_step(tx, batch_loss)
-  else:
+  if not first_order:
     key = jax.random.key_data(jax.random.key(seed))
     state = optax.tree_utils.tree_set(state, key=key)
-    step = make_train_step(tx, batch_loss)
+  step = _compiled_step(tx, first_order, hidden)
   idx = batches(data.x_train.shape[0], batch_size, steps, seed).astype(np.int32)
 
   evals = [0, *range(eval_every, steps, eval_every), steps]
-  rows = [tuple(float(v) for v in evaluate(params))]
+  rows = [tuple(float(v) for v in evaluate(params, data))]
   monitored = None if monitor is None else [monitor(state)]
   seconds = 0.0
   for a, b in zip(evals[:-1], evals[1:], strict=True):
@@ -218,7 +237,7 @@ def train(
       params, state, loss = step(params, state, data.x_train, data.y_train, idx[i])
     loss = float(loss)  # waits for the last step
     seconds += time.perf_counter() - t0
-    row = tuple(float(v) for v in evaluate(params))
+    row = tuple(float(v) for v in evaluate(params, data))
     if not (np.isfinite(loss) and row[0] <= BLOW_UP * rows[0][0]):
       rows += [(np.nan, np.nan, np.nan)] * (len(evals) - len(rows))
       if monitored is not None:
