@@ -78,3 +78,14 @@ def test_time_steps_reports_ratios(data):
                      (data.x_train[:64], data.y_train[:64]), repeats=2, inner=2)
   assert set(out) == {"forward_seconds", "mezo"}
   assert out["forward_seconds"] > 0 and out["mezo"] > 0
+
+
+def test_runs_sharing_a_transformation_share_its_step(data):
+  tx = hz.mezo(1e-3)
+  hits = D._compiled_step.cache_info().hits
+  h0 = D.train(tx, data, steps=10, eval_every=10, seed=0)
+  h1 = D.train(tx, data, steps=10, eval_every=10, seed=1)
+  assert D._compiled_step.cache_info().hits == hits + 1
+  assert h0.train_loss[-1] != h1.train_loss[-1]  # the seed still decides the run
+  again = D.train(tx, data, steps=10, eval_every=10, seed=0)  # the cached step keeps no state
+  np.testing.assert_array_equal(h0.train_loss, again.train_loss)
