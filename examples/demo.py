@@ -43,7 +43,7 @@ from hizoo_jax import problems as P  # noqa: E402
 
 # Learning rates of the digits runs: the best of each method's grid in
 # notebooks/03_ablations.ipynb (chosen there on a held-out seed).
-DIGITS_LR = {"MeZO": 1e-3, "HiZOO": 5e-3, "HiZOO-L": 5e-3, "Adam (first order)": 3e-3}
+DIGITS_LR = {"MeZO": 2e-3, "HiZOO": 5e-3, "HiZOO-L": 5e-3, "Adam (first order)": 3e-3}
 
 
 def test_function_methods():
@@ -204,7 +204,7 @@ def main():
   ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
   ap.add_argument("--steps", type=int, default=3000, help="test-function steps")
   ap.add_argument("--seeds", type=int, default=5, help="test-function seeds")
-  ap.add_argument("--digits-steps", type=int, default=6000)
+  ap.add_argument("--digits-steps", type=int, default=5000)
   ap.add_argument("--digits-seeds", type=int, default=3)
   ap.add_argument("--out", default="outputs/demo")
   args = ap.parse_args()
