@@ -12,7 +12,7 @@
    accuracy and the wall-clock time of a step in forward passes.
 
 Writes a results table (``results.md``, ``results.json``) and plots (``test_functions.png``,
-``digits.png``) to ``--out``. About 3 minutes on 2 CPU cores.
+``digits.png``) to ``--out``. About 2 minutes on 2 CPU cores.
 
     python examples/demo.py                # full budgets, writes outputs/demo/*
     python examples/demo.py --quick        # tiny budgets (CI smoke mode)
