@@ -48,7 +48,7 @@ def test_recommended_and_paper_settings():
     tx.update(None, tx.init(params), params, value_fn=_problem()[1])
 
 
-def _run(tx, params, f, steps=5):
+def _run(tx, params, f, steps=3):
   @jax.jit
   def go(params):
     state = tx.init(params)
