@@ -7,6 +7,7 @@
     params = optax.apply_updates(params, updates)
 """
 
+from hizoo_jax import presets
 from hizoo_jax._src.alias import hizoo, hizoo_l, mezo
 from hizoo_jax._src.hessian import FactoredHessian
 from hizoo_jax._src.sampling import fast_gaussian, gaussian, rademacher
@@ -36,6 +37,7 @@ __all__ = [
     "hizoo_l",
     "make_train_step",
     "mezo",
+    "presets",
     "rademacher",
     "scale_by_hizoo",
     "scale_by_zo",

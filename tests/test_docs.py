@@ -64,8 +64,9 @@ def test_demo_quick(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 0, out.stderr
-  assert "| HiZOO (paper est.) |" in out.stdout
-  for name in ("test_functions.png", "test_functions.md", "test_functions.json"):
+  assert "| HiZOO |" in out.stdout and "| HiZOO-L |" in out.stdout
+  assert "Digits MLP" in out.stdout and "| Adam (first order) |" in out.stdout
+  for name in ("test_functions.png", "digits.png", "results.md", "results.json"):
     assert (tmp_path / name).stat().st_size > 0
 
 

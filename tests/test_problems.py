@@ -61,3 +61,67 @@ def test_compare_picks_the_best_setting():
   assert by["adam"].steps < 100
   assert by["hizoo"].options == {"hessian_smoothing": 0.3}
   assert np.isfinite(by["hizoo"].steps)
+
+
+def test_sweep_dtype_counters_and_robust_choice():
+  lrs = np.array([0.01, 0.1])
+  sw = P.sweep(hz.hizoo, P.f_c, P.START["f_c"], 300, lrs, seeds=2, dtype=np.float32,
+               hessian_smoothing=0.25)
+  assert sw.xs.dtype == np.float32 and sw.losses.dtype == np.float64
+  assert set(sw.counters) == {"skipped_directions", "skipped_hessian_updates"}
+  assert sw.counters["skipped_hessian_updates"].shape == (2, 2)
+  assert set(P.sweep(hz.mezo, P.f_a, P.START["f_a"], 10, lrs, 2).counters) == {
+      "skipped_directions"}
+  assert P.sweep(optax.adam, P.f_a, P.START["f_a"], 10, lrs, first_order=True).counters is None
+
+
+def test_best_robust_skips_settings_where_a_seed_leaves():
+  # lr 0: both seeds reach at step 2 and stay; lr 1: faster (step 1) but seed 1 leaves
+  losses = np.array([[[1, 1, 0.0, 0.0], [1, 1, 0.0, 0.0]],
+                     [[1, 0.0, 0.0, 0.0], [1, 0.0, 0.0, 1]]], float)
+  sw = P.Sweep(np.array([0.1, 1.0]), losses, np.zeros(losses.shape + (2,)))
+  np.testing.assert_array_equal(sw.reached(), [2, 2])
+  np.testing.assert_array_equal(sw.stayed(), [2, 1])
+  assert sw.best() == (1.0, 1.0, 1)
+  assert sw.best(robust=True) == (0.1, 2.0, 0)
+  never = P.Sweep(np.array([1.0]), np.ones((1, 2, 3)), np.zeros((1, 2, 3, 2)))
+  assert never.best(robust=True)[1] == np.inf
+
+
+def test_compare_robust_flags():
+  res = P.compare({"hizoo": (hz.hizoo, [dict(hessian_smoothing=0.25, mu=1e-2)]),
+                   "mezo": (hz.mezo, [{}])}, functions=("f_c",), steps=400,
+                  learning_rates=np.array([1e-3, 0.03, 0.1]), seeds=3, robust=True)
+  by = {r.method: r for r in res}
+  assert by["hizoo"].robust and by["hizoo"].counts() == (3, 3, 3)
+  assert not by["mezo"].robust and by["mezo"].counts()[0] == 0
+
+
+def test_diagonal_quadratic_and_scores():
+  a, f = P.diagonal_quadratic(50, 100.0, seed=2)
+  assert a.min() == 1.0 and a.max() == 100.0 and len(np.unique(a)) == 50
+  x = np.arange(50.0)
+  assert float(f(x)) == pytest.approx(0.5 * np.sum(a * x**2))
+  assert P.rank_correlation(a, 2 * a + 1) == pytest.approx(1.0)
+  assert P.rank_correlation(a, -a) == pytest.approx(-1.0)
+  assert P.rank_correlation(np.stack([a, -a]), a).shape == (2,)
+  assert P.relative_error(2 * a, a) == pytest.approx(1.0)
+  assert P.relative_error(2 * a, a, rescale=True) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_estimate_diagonal_recovers_small_diagonals():
+  d = 5
+  a, f = P.diagonal_quadratic(d, 1e3)
+  h = P.estimate_diagonal(f, d, 4000, np.array([0.0, 0.1 / d**2]), seeds=2,
+                          estimator="unbiased")
+  assert h.shape == (2, 2, d)
+  np.testing.assert_array_equal(h[0], 1.0)  # alpha = 0: H stays at its init
+  assert np.all(P.rank_correlation(h[1], a) >= 0.9)  # a has 1 and 1.12: one swap allowed
+  assert np.all(P.relative_error(h[1], a) < 0.5)
+  # the paper estimator's EMA settles at (1 + d/2) diag(A): the right shape, scaled
+  d = 10
+  a, f = P.diagonal_quadratic(d, 100.0)
+  h = P.estimate_diagonal(f, d, 20_000, np.array([0.03 / d]), seeds=2, estimator="paper")[0]
+  scale = np.exp(np.median(np.log(h / a), axis=-1))
+  np.testing.assert_allclose(scale, 1 + d / 2, rtol=0.3)
+  assert np.all(P.rank_correlation(h, a) > 0.8)
