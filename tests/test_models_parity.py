@@ -240,3 +240,61 @@ def test_live_llama_matches_transformers(tmp_path, overrides):
     again = theirs(input_ids=torch.tensor(ref["llama_ids"]),
                    attention_mask=torch.tensor(ref["llama_mask"])).logits.numpy()
   assert _masked_max_diff(again, ref["llama_logits"], ref["llama_mask"]) < TOL
+
+
+# ----------------------------------------------------------------------------------------
+# Smaller pieces.
+
+
+def test_rope_scores_depend_on_relative_position_only():
+  cfg = llama.tiny_config()
+  assert cfg.head_dim == 16 and cfg.num_key_value_heads == 2
+  inv = llama.rope_frequencies(cfg)
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((1, 1, 1, 16)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((1, 1, 1, 16)), jnp.float32)
+
+  def rotated(x, pos):
+    ang = np.concatenate([pos * inv, pos * inv])[None]
+    return llama.apply_rope(x, jnp.asarray(np.cos(ang), jnp.float32),
+                            jnp.asarray(np.sin(ang), jnp.float32))
+
+  s1 = jnp.sum(rotated(q, 7) * rotated(k, 3))
+  s2 = jnp.sum(rotated(q, 24) * rotated(k, 20))
+  np.testing.assert_allclose(s1, s2, rtol=1e-5)
+  assert not np.isclose(s1, jnp.sum(rotated(q, 7) * rotated(k, 5)))
+  model = llama.LlamaForCausalLM(cfg, rngs=nnx.Rngs(0))  # a random tiny model runs
+  assert model.logits(model(jnp.ones((2, 5), jnp.int32))).shape == (2, 5, cfg.vocab_size)
+
+
+def test_load_tokenizer_truncates_to_max_length():
+  tok = bert.load_tokenizer(bert.minilm_path(), max_length=6)
+  enc = tok.encode("one two three four five six seven eight")
+  assert len(enc.ids) == 6 and enc.ids[0] == 101 and enc.ids[-1] == 102
+
+
+def test_every_public_name_has_a_docstring():
+  import inspect
+
+  from hizoo_jax import models
+
+  missing = []
+  for mod in (models, models.bert, models.llama, models.heads, models.peft, models.checkpoint,
+              models.data):
+    for name in getattr(mod, "__all__", None) or dir(mod):
+      obj = getattr(mod, name)
+      if name.startswith("_") or getattr(obj, "__module__", "").split(".")[:2] != [
+          "hizoo_jax", "models"]:
+        continue
+      if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+        continue
+      if not inspect.getdoc(obj):
+        missing.append(f"{mod.__name__}.{name}")
+      if inspect.isclass(obj):
+        for attr, member in vars(obj).items():
+          if attr.startswith("_") or not (inspect.isfunction(member) or isinstance(
+              member, property | classmethod)):
+            continue
+          if not inspect.getdoc(member):
+            missing.append(f"{mod.__name__}.{name}.{attr}")
+  assert not missing, missing

@@ -29,6 +29,7 @@ class PrefixKV(nnx.Module):
 
   @property
   def num_tokens(self) -> int:
+    """Prefix length."""
     return self.key.shape[0]
 
 

@@ -63,6 +63,7 @@ class BertConfig:
 
   @property
   def head_dim(self) -> int:
+    """Size of one attention head."""
     return self.hidden_size // self.num_attention_heads
 
 
