@@ -105,7 +105,7 @@ def main(argv=None) -> None:
   p.add_argument("--label-words", default="terrible,great")
   p.add_argument("--eval-every", type=int, default=200)
   p.add_argument("--window", type=int, default=50)
-  p.add_argument("--target-loss", type=float, default=None)
+  p.add_argument("--target-loss", default=None, help="comma-separated loss levels")
   p.add_argument("--out", default="outputs/finetune_lm")
   p.add_argument("--ckpt-dir", default=None)
   p.add_argument("--save-every", type=int, default=200)
@@ -164,7 +164,8 @@ def main(argv=None) -> None:
             f"{run['sec_per_step']:.3f} s/step", flush=True)
       runs.setdefault(name, []).append(run)
   title = f"{os.path.basename(os.path.normpath(args.model))} {args.mode}, batch {args.batch_size}"
-  print(shared.write_outputs(args.out, runs, args, args.window, args.target_loss, title))
+  targets = shared.parse_list(args.target_loss, float) if args.target_loss else None
+  print(shared.write_outputs(args.out, runs, args, args.window, targets, title))
   print(f"wrote {args.out}/loss_curve.png, results.json, results.md")
   if tmp is not None:
     tmp.cleanup()

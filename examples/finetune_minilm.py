@@ -215,32 +215,44 @@ def steps_to(curve: np.ndarray, target: float) -> int | None:
   return int(hit[0]) + 1 if hit.size else None
 
 
-def summarize(runs: dict[str, list[dict]], window: int, target: float | None):
-  """Markdown table + summary dict. ``target`` default: the highest per-optimizer median
-  final smoothed loss, i.e. a level every optimizer reaches (in the median seed)."""
+def _median_steps(hits: list[int | None]) -> int | None:
+  """Median over seeds (lower median for an even count); "never" sorts last."""
+  srt = sorted(hits, key=lambda h: np.inf if h is None else h)
+  return srt[(len(srt) - 1) // 2]
+
+
+def summarize(runs: dict[str, list[dict]], window: int, targets: list[float] | None = None):
+  """Markdown table + summary dict: per optimizer, the median over seeds of the first step
+  at which the smoothed training loss is <= each target, final loss, eval accuracy, time.
+
+  Default target: the highest per-optimizer median final smoothed loss, i.e. a level that
+  every optimizer reaches in its median seed.
+  """
   finals = {name: float(np.median([smooth(r["losses"], window)[-1] for r in rs]))
             for name, rs in runs.items()}
-  if target is None:
-    target = max(finals.values())
-  rows, summary = [], {"target_loss": target, "window": window, "optimizers": {}}
+  targets = list(targets) if targets else [max(finals.values())]
+  rows, summary = [], {"targets": targets, "window": window, "optimizers": {}}
   for name, rs in runs.items():
-    hits = [steps_to(smooth(r["losses"], window), target) for r in rs]
-    reached = [h for h in hits if h is not None]
-    # median over seeds, counting a seed that never reached the target as "never"
-    srt = sorted(hits, key=lambda h: np.inf if h is None else h)
-    median = srt[(len(srt) - 1) // 2]
+    curves = [smooth(r["losses"], window) for r in rs]
+    hits = {t: [steps_to(c, t) for c in curves] for t in targets}
     accs = [r["final"]["accuracy"] for r in rs]
     sps = float(np.median([r["sec_per_step"] for r in rs]))
     summary["optimizers"][name] = {
-        "steps_to_target": hits, "median_steps_to_target": median,
+        "steps_to_target": {str(t): h for t, h in hits.items()},
+        "median_steps_to_target": {str(t): _median_steps(h) for t, h in hits.items()},
         "final_smoothed_loss_median": finals[name], "final_accuracy": accs,
         "final_accuracy_mean": float(np.mean(accs)), "sec_per_step_median": sps}
-    rows.append(f"| {name} | {'never' if median is None else median} ({len(reached)}/{len(hits)})"
+    cells = []
+    for h in hits.values():
+      med = _median_steps(h)
+      cells.append(f"{'never' if med is None else med} ({sum(x is not None for x in h)}/{len(h)}:"
+                   f" {', '.join('-' if x is None else str(x) for x in h)})")
+    rows.append(f"| {name} | " + " | ".join(cells) +
                 f" | {finals[name]:.4f} | {np.mean(accs):.3f} ± {np.std(accs):.3f} "
                 f"({', '.join(f'{a:.3f}' for a in accs)}) | {sps:.3f} |")
-  table = ("| optimizer | median steps to loss ≤ "
-           f"{target:.4f} (seeds reached) | final loss (median) | eval accuracy mean ± sd "
-           "(per seed) | s/step |\n|---|---|---|---|---|\n" + "\n".join(rows))
+  head = " | ".join(f"steps to loss ≤ {t:.3f}: median (reached: per seed)" for t in targets)
+  table = (f"| optimizer | {head} | final loss (median) | eval accuracy mean ± sd (per seed)"
+           f" | s/step (median) |\n|---|{'---|' * len(targets)}---|---|---|\n" + "\n".join(rows))
   return table, summary
 
 
@@ -266,9 +278,10 @@ def plot(runs: dict[str, list[dict]], window: int, path: str, title: str) -> Non
   plt.close(fig)
 
 
-def write_outputs(out: str, runs, args, window, target, title) -> str:
+def write_outputs(out: str, runs, args, window, targets, title) -> str:
+  """Writes loss_curve.png, results.json and results.md to ``out``; returns the table."""
   os.makedirs(out, exist_ok=True)
-  table, summary = summarize(runs, window, target)
+  table, summary = summarize(runs, window, targets)
   plot(runs, window, os.path.join(out, "loss_curve.png"), title)
   keep = {name: [{k: v for k, v in r.items() if k not in ("params", "opt_state")} for r in rs]
           for name, rs in runs.items()}
@@ -343,7 +356,11 @@ def main(argv=None) -> None:
   p.add_argument("--label-words", default="terrible,great")
   p.add_argument("--eval-every", type=int, default=100)
   p.add_argument("--window", type=int, default=50, help="moving-average window of the loss")
-  p.add_argument("--target-loss", type=float, default=None)
+  p.add_argument("--target-loss", default=None,
+                 help="comma-separated training-loss levels for the steps-to-target table "
+                      "(default: the highest median final loss of the optimizers)")
+  p.add_argument("--from-results", default=None,
+                 help="re-summarise a results.json (no training); with --target-loss")
   p.add_argument("--out", default="outputs/finetune_minilm")
   p.add_argument("--ckpt-dir", default=None, help="Orbax checkpoints (one subdirectory a run)")
   p.add_argument("--save-every", type=int, default=100)
@@ -352,6 +369,13 @@ def main(argv=None) -> None:
   p.add_argument("--smoke", action="store_true", help="tiny run for CI (~30 s)")
   args = p.parse_args(argv)
 
+  targets = parse_list(args.target_loss, float) if args.target_loss else None
+  if args.from_results:
+    with open(args.from_results) as fh:
+      saved = json.load(fh)
+    table, _ = summarize(saved["runs"], saved["args"]["window"], targets)
+    print(table)
+    return
   optimizers = parse_list(args.optimizer)
   for name in optimizers:
     if name not in OPTIMIZERS:
@@ -402,7 +426,7 @@ def main(argv=None) -> None:
             f"{k} {v:.3g}" for k, v in run["hessian"].items()), flush=True)
       runs.setdefault(name, []).append(run)
   title = f"MiniLM-L6 {args.mode}/{args.head}, batch {args.batch_size}, {args.objective}"
-  table = write_outputs(args.out, runs, args, args.window, args.target_loss, title)
+  table = write_outputs(args.out, runs, args, args.window, targets, title)
   print(table)
   print(f"wrote {args.out}/loss_curve.png, results.json, results.md")
 
