@@ -25,7 +25,7 @@ Outputs (``--out``): ``loss_curve.png``, ``results.json``, ``results.md``; with
 ``--ckpt-dir`` Orbax checkpoints that ``--resume`` continues bit for bit.
 
 Time on 2 CPU cores: ``--smoke`` about 30 s; one 400-step LoRA run about 2-3 minutes; the
-README comparison (2 optimizers x 3 seeds) about 40 minutes.
+README comparison (HiZOO and MeZO, 3 seeds, 600 steps) about 23 minutes.
 
     python examples/finetune_minilm.py --smoke
     python examples/finetune_minilm.py --mode lora --optimizer hizoo,mezo --seeds 0,1,2
