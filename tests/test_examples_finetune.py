@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.helpers import requires_minilm
@@ -125,3 +126,31 @@ def test_readme_flax_quickstart_runs():
   assert 0.0 < loss < 2.0
   # 6 layers x (query, value) x (A, B) + the head's kernel and bias: nothing else has a Hessian
   assert "Hessian leaves: 26" in out.stdout
+
+
+def test_readme_minilm_table_is_the_saved_results():
+  """The README's HiZOO/MeZO/Adam rows are what the saved results.json files give."""
+  import importlib.util
+  import re
+
+  spec = importlib.util.spec_from_file_location(
+      "finetune_minilm", os.path.join(ROOT, "examples", "finetune_minilm.py"))
+  ex = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(ex)
+  with open(os.path.join(ROOT, "README.md")) as fh:
+    readme = fh.read()
+  readme = readme[readme.index("### MiniLM-L6: HiZOO vs MeZO"):readme.index("## Notes on")]
+  targets = [float(t) for t in re.search(r"--target-loss ([0-9.,]+)", readme).group(1).split(",")]
+  for sub, label in (("minilm", "HiZOO"), ("minilm", "MeZO"), ("minilm_adam", "Adam")):
+    res = results(os.path.join(ROOT, "examples", "results", sub))
+    _, summary = ex.summarize(res["runs"], res["args"]["window"], targets)
+    s = summary["optimizers"][label.lower()]
+    (row,) = [r for r in readme.splitlines() if r.startswith(f"| {label} ")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    for cell, t in zip(cells[1:], targets, strict=False):
+      med, per_seed = s["median_steps_to_target"][str(t)], s["steps_to_target"][str(t)]
+      seeds = ", ".join("-" if h is None else str(h) for h in per_seed)
+      assert cell == f"{'never' if med is None else med} ({seeds})", (label, t, cell)
+    assert cells[len(targets) + 1] == f"{s['final_smoothed_loss_median']:.4f}"
+    accs = s["final_accuracy"]
+    assert cells[len(targets) + 2].startswith(f"{np.mean(accs):.3f} ± {np.std(accs):.3f} (")
