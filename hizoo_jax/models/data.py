@@ -1,0 +1,124 @@
+"""Sentiment data for the examples: GLUE SST-2 TSV files and prompt encoding.
+
+* :func:`read_glue_tsv` / :func:`load_sst2` read the GLUE SST-2 layout (``train.tsv`` and
+  ``dev.tsv``, a ``sentence<TAB>label`` header, label 1 = positive).
+* :func:`encode_prompts` turns sentences into fixed-length, right-padded id arrays with a
+  prompt template appended (``"<sentence> It was [MASK]."``), truncating the sentence,
+  never the template.
+* :func:`batch_indices` gives minibatch ``step`` of a seeded shuffle (resumable).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+Tokenize = Callable[[str], list[int]]
+
+
+def read_glue_tsv(path: str | os.PathLike) -> tuple[list[str], np.ndarray]:
+  """``(sentences, labels)`` of a GLUE single-sentence TSV (a ``sentence`` and a ``label``
+  column, header first; other columns are ignored)."""
+  with open(path, newline="", encoding="utf-8") as fh:
+    reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+    header = next(reader, None)
+    if header is None or "sentence" not in header or "label" not in header:
+      raise ValueError(f"{os.fspath(path)!r}: expected a header with 'sentence' and 'label', "
+                       f"got {header!r}")
+    si, li = header.index("sentence"), header.index("label")
+    sentences, labels = [], []
+    for n, row in enumerate(reader, start=2):
+      if not row:
+        continue
+      if len(row) <= max(si, li):
+        raise ValueError(f"{os.fspath(path)!r} line {n}: expected {len(header)} columns")
+      sentences.append(row[si])
+      labels.append(int(row[li]))
+  return sentences, np.asarray(labels, np.int32)
+
+
+def load_sst2(directory: str | os.PathLike) -> dict[str, tuple[list[str], np.ndarray]]:
+  """``{"train": ..., "dev": ...}`` from a GLUE SST-2 directory (``train.tsv``, ``dev.tsv``)."""
+  out = {}
+  for split in ("train", "dev"):
+    path = os.path.join(os.fspath(directory), f"{split}.tsv")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"no {split}.tsv in {os.fspath(directory)!r} (GLUE SST-2 layout)")
+    out[split] = read_glue_tsv(path)
+  return out
+
+
+def hf_tokenize(tokenizer) -> Tokenize:
+  """``text -> ids`` without special tokens, for a ``tokenizers.Tokenizer``."""
+  return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def byte_tokenize(text: str, offset: int = 3) -> list[int]:
+  """UTF-8 bytes shifted by ``offset`` (ids 0..2 left for pad/bos/eos): a tokenizer for
+  random-weight smoke tests of models with ``vocab_size >= 256 + offset``."""
+  return [offset + b for b in text.encode("utf-8")]
+
+
+def label_token_ids(tokenize: Tokenize, words: Sequence[str]) -> list[int]:
+  """The first token of each label word; they must be distinct."""
+  ids = []
+  for word in words:
+    toks = tokenize(word)
+    if not toks:
+      raise ValueError(f"label word {word!r} tokenizes to nothing")
+    ids.append(toks[0])
+  if len(set(ids)) != len(ids):
+    raise ValueError(f"label words {list(words)} share their first token ({ids}); pick others")
+  return ids
+
+
+def encode_prompts(
+    tokenize: Tokenize,
+    sentences: Sequence[str],
+    *,
+    suffix: str = "",
+    max_length: int = 64,
+    bos: Sequence[int] = (),
+    eos: Sequence[int] = (),
+    pad_id: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+  """``bos + sentence + suffix + eos`` as ``(ids, mask)`` int32 ``[n, max_length]``.
+
+  The sentence is cut to fit, so the template (e.g. ``" It was [MASK]."``) always survives.
+
+  Args:
+    tokenize: ``text -> ids`` without special tokens (see :func:`hf_tokenize`).
+    sentences: the texts.
+    suffix: template text appended to every sentence.
+    max_length: padded length.
+    bos, eos: special ids before and after (``[CLS]``/``[SEP]`` for BERT, ``<s>`` for Llama).
+    pad_id: id of padding (mask 0).
+  """
+  tail = list(tokenize(suffix)) if suffix else []
+  budget = max_length - len(bos) - len(tail) - len(eos)
+  if budget < 1:
+    raise ValueError(f"max_length={max_length} leaves no room for the sentence")
+  ids = np.full((len(sentences), max_length), pad_id, np.int32)
+  mask = np.zeros((len(sentences), max_length), np.int32)
+  for i, text in enumerate(sentences):
+    row = [*bos, *list(tokenize(text))[:budget], *tail, *eos]
+    ids[i, : len(row)] = row
+    mask[i, : len(row)] = 1
+  return ids, mask
+
+
+def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+  """The example indices of minibatch ``step``: a pure function of ``(seed, step)``.
+
+  Each epoch is a fresh permutation (``default_rng([seed, epoch])``) cut into full
+  batches, so a run resumed at any step sees the same batches as an uninterrupted one.
+  """
+  if not 0 < batch_size <= num_examples:
+    raise ValueError(f"batch_size must be in [1, {num_examples}], got {batch_size}")
+  per_epoch = num_examples // batch_size
+  epoch, k = divmod(int(step), per_epoch)
+  perm = np.random.default_rng([int(seed), epoch]).permutation(num_examples)
+  return perm[k * batch_size : (k + 1) * batch_size]

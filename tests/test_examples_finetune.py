@@ -1,0 +1,156 @@
+"""The fine-tuning examples in their --smoke modes (subprocesses, CPU, temporary outputs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.helpers import requires_minilm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_example(script, *args, timeout=900):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg")
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  out = subprocess.run([sys.executable, os.path.join("examples", script), "--smoke",
+                        "--no-progress", *args], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return out.stdout
+
+
+def results(out_dir):
+  with open(os.path.join(out_dir, "results.json")) as fh:
+    return json.load(fh)
+
+
+def check_outputs(out_dir, optimizers):
+  for name in ("loss_curve.png", "results.json", "results.md"):
+    assert os.path.getsize(os.path.join(out_dir, name)) > 0
+  res = results(out_dir)
+  assert list(res["runs"]) == optimizers
+  for name in optimizers:
+    (run,) = res["runs"][name]
+    assert len(run["losses"]) == 6 and all(abs(x) < 10 for x in run["losses"])
+    assert 0.0 <= run["final"]["accuracy"] <= 1.0
+  return res
+
+
+@pytest.mark.slow
+@requires_minilm
+def test_finetune_minilm_lora_hizoo_and_adam(tmp_path):
+  out = run_example("finetune_minilm.py", "--mode", "lora", "--optimizer", "hizoo,adam",
+                    "--out", str(tmp_path))
+  assert "synthetic set" in out and "| hizoo |" in out and "| adam |" in out
+  assert "Hessian estimate quantiles" in out
+  res = check_outputs(str(tmp_path), ["hizoo", "adam"])
+  # LoRA rank 8 on query/value of 6 layers + the 384x2 linear head
+  assert res["runs"]["hizoo"][0]["trainable_params"] == 6 * 2 * 2 * 384 * 8 + 384 * 2 + 2
+  assert res["runs"]["hizoo"][0]["hessian"]["min"] > 0
+  assert res["runs"]["adam"][0]["hessian"] is None
+  # re-summarise the saved run at other loss levels (no training)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  table = subprocess.run([sys.executable, "examples/finetune_minilm.py", "--from-results",
+                          str(tmp_path / "results.json"), "--target-loss", "100,-1"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300).stdout
+  assert "| hizoo | 1 (1/1: 1) | never (0/1: -) |" in table, table
+
+
+@pytest.mark.slow
+@requires_minilm
+def test_finetune_minilm_prefix_prompt_on_accuracy(tmp_path):
+  out = run_example("finetune_minilm.py", "--mode", "prefix", "--head", "prompt",
+                    "--objective", "accuracy", "--optimizer", "zo_adam", "--out", str(tmp_path))
+  res = check_outputs(str(tmp_path), ["zo_adam"])
+  losses = res["runs"]["zo_adam"][0]["losses"]
+  # the objective is -accuracy on a batch of 4: multiples of 1/4 in [-1, 0]
+  assert all(-1.0 <= x <= 0.0 and (4 * x) == round(4 * x) for x in losses), losses
+  assert res["runs"]["zo_adam"][0]["trainable_params"] == 6 * 2 * 5 * 384
+  assert "objective=accuracy" in out
+
+
+def test_finetune_minilm_rejects_adam_on_accuracy(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "examples/finetune_minilm.py", "--optimizer", "adam",
+                        "--objective", "accuracy", "--out", str(tmp_path)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0 and "differentiable" in out.stderr
+
+
+@pytest.mark.slow
+def test_finetune_lm_full_fine_tuning_and_bit_for_bit_resume_in_a_new_process(tmp_path):
+  """Full fine-tuning with HiZOO and HiZOO-L, checkpoints at steps 3 and 6; drop 6, resume
+  from 3 in a fresh process: the same losses, evals and Hessians. (The smoke LM's dims are
+  below HiZOO-L's min_dim_size_to_factor, so its Hessians stay dense here; the factored
+  state's resume is tested in-process in test_models_peft.py.)"""
+  a, b, ckpt = tmp_path / "a", tmp_path / "b", tmp_path / "ckpt"
+  names = ["hizoo", "hizoo_l"]
+  common = ["--mode", "ft", "--optimizer", ",".join(names), "--save-every", "3",
+            "--ckpt-dir", str(ckpt)]
+  run_example("finetune_lm.py", *common, "--out", str(a))
+  for name in names:
+    assert sorted(os.listdir(ckpt / f"{name}_seed0")) == ["3", "6"]
+    shutil.rmtree(ckpt / f"{name}_seed0" / "6")
+  out = run_example("finetune_lm.py", *common, "--out", str(b), "--resume")
+  assert out.count("resumed from") == 2 and "at step 3" in out
+  ra, rb = check_outputs(str(a), names), check_outputs(str(b), names)
+  for name in names:
+    (x,), (y,) = ra["runs"][name], rb["runs"][name]
+    assert x["trainable_params"] > 100_000  # every param of the tiny LM
+    assert x["losses"] == y["losses"] and x["final"] == y["final"]
+    assert x["hessian"] == y["hessian"] and x["hessian"]["min"] > 0
+    assert sorted(os.listdir(ckpt / f"{name}_seed0")) == ["3", "6"]
+
+
+@requires_minilm
+def test_readme_flax_quickstart_runs():
+  import re
+
+  with open(os.path.join(ROOT, "README.md")) as fh:
+    readme = fh.read()
+  section = readme.index("## Fine-tuning real models (Flax)")
+  assert section < readme.index("## Notes on the estimators")
+  code = re.search(r"<!-- flax-quickstart -->\s*```python\n(.*?)```", readme, re.S).group(1)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  loss = float(re.search(r"loss ([0-9.]+)", out.stdout).group(1))
+  assert 0.0 < loss < 2.0
+  # 6 layers x (query, value) x (A, B) + the head's kernel and bias: nothing else has a Hessian
+  assert "Hessian leaves: 26" in out.stdout
+
+
+def test_readme_minilm_table_is_the_saved_results():
+  """The README's HiZOO/MeZO/Adam rows are what the saved results.json files give."""
+  import importlib.util
+  import re
+
+  spec = importlib.util.spec_from_file_location(
+      "finetune_minilm", os.path.join(ROOT, "examples", "finetune_minilm.py"))
+  ex = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(ex)
+  with open(os.path.join(ROOT, "README.md")) as fh:
+    readme = fh.read()
+  readme = readme[readme.index("### MiniLM-L6: HiZOO vs MeZO"):readme.index("## Notes on")]
+  targets = [float(t) for t in re.search(r"--target-loss ([0-9.,]+)", readme).group(1).split(",")]
+  for sub, label in (("minilm", "HiZOO"), ("minilm", "MeZO"), ("minilm_adam", "Adam")):
+    res = results(os.path.join(ROOT, "examples", "results", sub))
+    _, summary = ex.summarize(res["runs"], res["args"]["window"], targets)
+    s = summary["optimizers"][label.lower()]
+    (row,) = [r for r in readme.splitlines() if r.startswith(f"| {label} ")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    for cell, t in zip(cells[1:], targets, strict=False):
+      med, per_seed = s["median_steps_to_target"][str(t)], s["steps_to_target"][str(t)]
+      seeds = ", ".join("-" if h is None else str(h) for h in per_seed)
+      assert cell == f"{'never' if med is None else med} ({seeds})", (label, t, cell)
+    assert cells[len(targets) + 1] == f"{s['final_smoothed_loss_median']:.4f}"
+    accs = s["final_accuracy"]
+    assert cells[len(targets) + 2].startswith(f"{np.mean(accs):.3f} ± {np.std(accs):.3f} (")

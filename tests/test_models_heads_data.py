@@ -1,0 +1,177 @@
+"""Classifier heads, objectives (including the non-differentiable ones) and the data helpers."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hizoo_jax.models import bert, data, heads, llama
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+ROOT = os.path.dirname(HERE)
+RNG = np.random.default_rng(0)
+
+
+def _np_macro_f1(pred, labels, k):
+  f1s = []
+  for c in range(k):
+    tp = np.sum((pred == c) & (labels == c))
+    denom = np.sum(pred == c) + np.sum(labels == c)
+    f1s.append(1.0 if denom == 0 else 2 * tp / denom)
+  return np.mean(f1s)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_objectives_match_numpy(k):
+  logits = RNG.standard_normal((50, k)).astype(np.float32)
+  labels = RNG.integers(0, k, 50)
+  pred = logits.argmax(-1)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(heads.cross_entropy(jnp.asarray(logits), jnp.asarray(labels)),
+                             -logp[np.arange(50), labels].mean(), rtol=1e-5)
+  np.testing.assert_allclose(heads.accuracy(logits, labels), np.mean(pred == labels), rtol=1e-6)
+  np.testing.assert_allclose(heads.macro_f1(logits, labels), _np_macro_f1(pred, labels, k),
+                             rtol=1e-6)
+  assert heads.objective("accuracy")(logits, labels) == -heads.accuracy(logits, labels)
+  assert heads.objective("f1")(logits, labels) == -heads.macro_f1(logits, labels)
+  assert heads.objective("ce") is heads.cross_entropy
+  with pytest.raises(ValueError, match="objective must be one of"):
+    heads.objective("auc")
+
+
+def test_accuracy_and_f1_objectives_have_no_gradient():
+  """What makes them need a zeroth-order optimizer: the gradient is zero a.e."""
+  logits = jnp.asarray(RNG.standard_normal((8, 2)), jnp.float32)
+  labels = jnp.asarray(RNG.integers(0, 2, 8))
+  for f in (heads.neg_accuracy, heads.neg_f1):
+    assert float(jnp.max(jnp.abs(jax.grad(f)(logits, labels)))) == 0.0
+  # but a large enough change of the logits changes them
+  right = 2.0 * jax.nn.one_hot(labels, 2) - 1.0
+  assert float(heads.neg_accuracy(right, labels)) == -1.0
+  assert float(heads.neg_accuracy(-right, labels)) == 0.0
+
+
+def test_f1_of_absent_class_counts_as_perfect():
+  logits = jnp.asarray([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+  assert float(heads.macro_f1(logits, jnp.asarray([0, 1]))) == 1.0
+
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+  return bert.from_pretrained(os.path.join(DATA, "tiny_bert_mlm"))
+
+
+def test_label_word_classifier_scores_label_words_at_the_mask(tiny_bert):
+  mask_id = 4
+  ids = jnp.asarray([[1, 9, 10, mask_id, 2, 0], [1, mask_id, 11, 12, 13, 2]])
+  am = jnp.asarray([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+  clf = heads.LabelWordClassifier(tiny_bert, [20, 30], mask_token_id=mask_id)
+  hidden = tiny_bert(ids, am)
+  full = tiny_bert.word_logits(hidden, jnp.arange(128))
+  expect = jnp.stack([full[0, 3, jnp.asarray([20, 30])], full[1, 1, jnp.asarray([20, 30])]])
+  np.testing.assert_allclose(clf(ids, am), expect, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="mask_token_id"):
+    heads.LabelWordClassifier(tiny_bert, [20, 30])
+  with pytest.raises(ValueError, match="position"):
+    heads.LabelWordClassifier(tiny_bert, [20, 30], position="first", mask_token_id=4)
+  with pytest.raises(TypeError, match="word_logits"):
+    heads.LabelWordClassifier(object(), [1, 2], mask_token_id=4)
+
+
+def test_label_word_classifier_last_position_on_a_decoder():
+  model = llama.from_pretrained(os.path.join(DATA, "tiny_llama"))
+  ids = jnp.asarray([[1, 50, 60, 70, 0], [1, 80, 90, 100, 110]])
+  am = jnp.asarray([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+  clf = heads.LabelWordClassifier(model, [7, 8], position="last")
+  logits = model.logits(model(ids, am))
+  expect = jnp.stack([logits[0, 3, jnp.asarray([7, 8])], logits[1, 4, jnp.asarray([7, 8])]])
+  np.testing.assert_allclose(clf(ids, am), expect, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_sequence_classifier_pooling(tiny_bert, pooling):
+  ids = jnp.asarray([[1, 9, 10, 2, 0, 0], [1, 11, 12, 13, 14, 2]])
+  am = jnp.asarray([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+  clf = heads.SequenceClassifier(tiny_bert, 32, 3, pooling=pooling)
+  np.testing.assert_array_equal(clf(ids, am), np.zeros((2, 3)))  # zero-initialised head
+  w = RNG.standard_normal((32, 3)).astype(np.float32)
+  clf.kernel[...] = jnp.asarray(w)
+  h = np.asarray(tiny_bert(ids, am))
+  pooled = {"mean": np.stack([h[0, :4].mean(0), h[1].mean(0)]), "cls": h[:, 0],
+            "last": np.stack([h[0, 3], h[1, 5]])}[pooling]
+  np.testing.assert_allclose(clf(ids, am), pooled @ w, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="pooling"):
+    heads.SequenceClassifier(tiny_bert, 32, 3, pooling="max")
+
+
+# ----------------------------------------------------------------------------------------
+# Data.
+
+
+def test_read_glue_tsv_and_load_sst2(tmp_path):
+  rows = ("sentence\tlabel\nit 's a charming and often affecting journey . \t1\n"
+          "unflinchingly bleak\t0\n\n")
+  (tmp_path / "train.tsv").write_text(rows)
+  (tmp_path / "dev.tsv").write_text("label\tsentence\n1\ta \"quoted\" gem\n")
+  sets = data.load_sst2(tmp_path)
+  assert sets["train"][0] == ["it 's a charming and often affecting journey . ",
+                              "unflinchingly bleak"]
+  np.testing.assert_array_equal(sets["train"][1], [1, 0])
+  assert sets["dev"][0] == ['a "quoted" gem'] and sets["dev"][1].dtype == np.int32
+  (tmp_path / "bad.tsv").write_text("text\tlabel\nx\t1\n")
+  with pytest.raises(ValueError, match="header"):
+    data.read_glue_tsv(tmp_path / "bad.tsv")
+  (tmp_path / "dev.tsv").unlink()
+  with pytest.raises(FileNotFoundError, match="dev.tsv"):
+    data.load_sst2(tmp_path)
+
+
+def test_shipped_synthetic_sentiment_set():
+  sets = data.load_sst2(os.path.join(ROOT, "examples", "data", "sentiment"))
+  (tr, ytr), (dv, ydv) = sets["train"], sets["dev"]
+  assert len(tr) == 384 and len(dv) == 192
+  assert not set(tr) & set(dv)  # disjoint splits
+  assert 0.4 < ytr.mean() < 0.6 and 0.4 < ydv.mean() < 0.6
+  # the generator script reproduces the files
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+      "make_sentiment", os.path.join(ROOT, "examples", "data", "make_sentiment.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  train, dev = mod.make()
+  assert [t for t, _ in train] == tr and [lab for _, lab in dev] == ydv.tolist()
+
+
+def test_encode_prompts_truncates_the_sentence_not_the_template():
+  ids, mask = data.encode_prompts(data.byte_tokenize, ["abcdefghij", "ab"], suffix="!?",
+                                  max_length=8, bos=[1], eos=[2], pad_id=0)
+  b = lambda s: data.byte_tokenize(s)  # noqa: E731
+  assert ids[0].tolist() == [1, *b("abcd"), *b("!?"), 2]
+  assert ids[1].tolist() == [1, *b("ab"), *b("!?"), 2, 0, 0]
+  assert mask.tolist() == [[1] * 8, [1] * 6 + [0, 0]]
+  with pytest.raises(ValueError, match="no room"):
+    data.encode_prompts(data.byte_tokenize, ["a"], suffix="long suffix", max_length=5)
+
+
+def test_label_token_ids_must_differ():
+  assert data.label_token_ids(data.byte_tokenize, ["great", "terrible"]) == [3 + ord("g"),
+                                                                             3 + ord("t")]
+  with pytest.raises(ValueError, match="share their first token"):
+    data.label_token_ids(data.byte_tokenize, [" great", " terrible"])
+
+
+def test_batch_indices_are_seeded_epochs():
+  n, bs = 10, 3
+  epoch0 = np.concatenate([data.batch_indices(n, bs, 7, k) for k in range(3)])
+  assert len(set(epoch0.tolist())) == 9  # no repeats within an epoch
+  np.testing.assert_array_equal(data.batch_indices(n, bs, 7, 4), data.batch_indices(n, bs, 7, 4))
+  assert not np.array_equal(data.batch_indices(n, bs, 7, 0), data.batch_indices(n, bs, 8, 0))
+  assert not np.array_equal(data.batch_indices(n, bs, 7, 0), data.batch_indices(n, bs, 7, 3))
+  with pytest.raises(ValueError, match="batch_size"):
+    data.batch_indices(n, 11, 0, 0)
