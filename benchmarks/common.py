@@ -66,6 +66,35 @@ def time_calls(fn, *, repeats=7, warmup=2):
   return statistics.median(times), times
 
 
+def time_paired(fn, ref, *, repeats=7, warmup=2):
+  """``fn()`` timed against ``ref()`` called alternately, so that both see the same machine.
+
+  Returns ``(t_fn, t_ref, ratios)``: the medians of each over ``repeats`` after ``warmup``, and
+  the per-pair ratios ``t_fn / t_ref`` (report their median and quartiles). On a shared machine
+  whose speed drifts over minutes, the paired ratio is steadier than a ratio to one forward
+  timing taken earlier.
+  """
+  for _ in range(warmup):
+    ref()
+    fn()
+  tf, tr = [], []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    ref()
+    tr.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    fn()
+    tf.append(time.perf_counter() - t)
+  ratios = [a / b for a, b in zip(tf, tr, strict=True)]
+  return statistics.median(tf), statistics.median(tr), ratios
+
+
+def quartiles(xs):
+  """(25th percentile, median, 75th percentile) of ``xs``."""
+  q = np.percentile(np.asarray(xs, np.float64), [25, 50, 75])
+  return float(q[0]), float(q[1]), float(q[2])
+
+
 def compiled_peak(compiled):
   """Bytes the executable holds at its peak: arguments + outputs - aliased + temporaries."""
   m = compiled.memory_analysis()

@@ -1,15 +1,18 @@
 """Step time of the zeroth-order optimizers in forward passes, and the PyTorch reference.
 
 Model: MLP 1024 -> 2048 -> 2048 -> 2048 -> 1024 (12.6M float32 params). Everything is
-timed in one process, as medians of >= 7 calls after warm-up, and reported as ratios to a
-jitted forward pass (``fwd``) on the same batch:
+timed in one process, as medians of >= 5 calls after warm-up, and reported as ratios to a
+jitted forward pass (``fwd``) on the same batch. Each step is timed alternately with forward
+passes (fwd, step, fwd, step, ...) and its ratio is the median of the per-pair ratios, so a
+machine whose speed drifts between rows (a shared VM) does not skew the ratios:
 
 * the lean step (``hz.make_train_step``) of MeZO, HiZOO, HiZOO-L, HiZOO with
   ``hessian_update_every=10`` (whole cycles of 10 steps), at 1024 rows, with the default
   fused sampler; and, for comparison, the plain step and the threefry sampler;
 * one draw of 12.6M normals by each generator;
 * at 64 rows, the HiZOO and MeZO steps against the reference PyTorch step
-  (benchmarks/torch_reference.py), side by side (needs ``torch``; skipped otherwise).
+  (benchmarks/torch_reference.py), side by side, and their ratio again from alternate calls
+  (needs ``torch``; skipped otherwise).
 
     python benchmarks/speed.py [--quick] [--out benchmarks/results/speed.json]
 """
@@ -25,7 +28,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from common import SPEED_SIZES, batch, machine, mlp_loss, mlp_params, time_calls, write_json  # noqa: E402
+from common import (  # noqa: E402
+  SPEED_SIZES,
+  batch,
+  machine,
+  mlp_loss,
+  mlp_params,
+  quartiles,
+  time_calls,
+  time_paired,
+  write_json,
+)
 
 import hizoo_jax as hz  # noqa: E402
 
@@ -59,7 +72,8 @@ def block(tree):
   return tree
 
 
-def time_step(tx, params, x, y, *, lean=True, steps_per_call=1, repeats=7):
+def step_caller(tx, params, x, y, *, lean=True, steps_per_call=1):
+  """A blocking call that runs ``steps_per_call`` steps of ``tx`` on its own copy of params."""
   state = tx.init(params)
   step = hz.make_train_step(tx, mlp_loss, lean=lean)
   box = {"p": jax.tree.map(jnp.copy, params), "s": state}
@@ -69,16 +83,23 @@ def time_step(tx, params, x, y, *, lean=True, steps_per_call=1, repeats=7):
       box["p"], box["s"], loss = step(box["p"], box["s"], x, y)
     block((box["p"], loss))
 
-  t, _ = time_calls(call, repeats=repeats, warmup=2)
-  return t / steps_per_call
+  return call
+
+
+def time_step(tx, params, x, y, *, fwd, lean=True, steps_per_call=1, repeats=7):
+  """Seconds per step, seconds per forward pass and the quartiles of their paired ratio."""
+  call = step_caller(tx, params, x, y, lean=lean, steps_per_call=steps_per_call)
+  t, t_fwd, ratios = time_paired(call, lambda: block(fwd(params, x, y)), repeats=repeats)
+  return t / steps_per_call, t_fwd, quartiles([r / steps_per_call for r in ratios])
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  ap.add_argument("--quick", action="store_true", help="fewer repeats")
+  ap.add_argument("--quick", action="store_true", help="5 repeats")
+  ap.add_argument("--repeats", type=int, default=15, help="timed calls per row (default 15)")
   ap.add_argument("--out", default="benchmarks/results/speed.json")
   args = ap.parse_args()
-  rep = 5 if args.quick else 9
+  rep = 5 if args.quick else args.repeats
   params = mlp_params(SPEED_SIZES)
   fwd = jax.jit(mlp_loss)
   res = dict(machine=machine(), params=N_NOISE)
@@ -99,8 +120,8 @@ def main():
   }
   steps = {}
   for name, (make, kw) in configs.items():
-    t = time_step(make(), params, x, y, repeats=rep, **kw)
-    steps[name] = dict(seconds=t, fwd=t / t_fwd)
+    t, t_f, (q25, ratio, q75) = time_step(make(), params, x, y, fwd=fwd, repeats=rep, **kw)
+    steps[name] = dict(seconds=t, fwd=ratio, fwd_q25=q25, fwd_q75=q75, fwd_seconds=t_f)
   res["rows1024"] = dict(fwd_seconds=t_fwd, steps=steps)
 
   # One draw of N_NOISE normals by each generator, in forward passes at 64 and 1024 rows.
@@ -133,8 +154,11 @@ def main():
 
   # 64 rows: against the PyTorch reference, side by side.
   rows64 = dict(fwd_seconds=t_fwd64)
-  rows64["HiZOO"] = time_step(hz.hizoo(1e-6), params, x64, y64, repeats=rep)
-  rows64["MeZO"] = time_step(hz.mezo(1e-6), params, x64, y64, repeats=rep)
+  jax_hizoo64 = step_caller(hz.hizoo(1e-6), params, x64, y64)
+  jax_mezo64 = step_caller(hz.mezo(1e-6), params, x64, y64)
+  rows64["HiZOO"], _ = time_calls(jax_hizoo64, repeats=rep)
+  rows64["MeZO"], _ = time_calls(jax_mezo64, repeats=rep)
+  paired64 = {}
   try:
     import torch
     from torch_reference import MLP, ReferenceHiZOO, ReferenceMeZO
@@ -153,18 +177,29 @@ def main():
     mref = ReferenceMeZO(model)
     rows64["torch MeZO"], _ = time_calls(lambda: mref.step(tx64, ty64), repeats=rep)
     rows64["torch threads"] = torch.get_num_threads()
+    # The ratios themselves: each hizoo-jax step timed alternately with its reference step.
+    for ours, theirs, name in (
+        (jax_hizoo64, lambda: ref.step(tx64, ty64, True),
+         "torch HiZOO (as written: 4 forward passes)"),
+        (jax_hizoo64, lambda: ref.step(tx64, ty64, False), "torch HiZOO (3 forward passes)"),
+        (jax_mezo64, lambda: mref.step(tx64, ty64), "torch MeZO")):
+      q25, med, q75 = quartiles(time_paired(ours, theirs, repeats=rep)[2])
+      paired64[name] = dict(ratio=med, q25=q25, q75=q75)
+  rows64["paired ratios"] = paired64
   res["rows64"] = rows64
   write_json(args.out, res)
 
   m = res["machine"]
   print(f"{m['cpu']} ({m['cores']} cores), jax {m['jax']} on {m['backend']}; "
         f"{N_NOISE / 1e6:.1f}M params; medians of {rep} after warm-up\n")
-  print(f"1024 rows: fwd = {t_fwd * 1e3:.1f} ms\n")
-  print("| step | ms | forward passes | target |")
-  print("|---|---|---|---|")
+  print(f"1024 rows: fwd = {t_fwd * 1e3:.1f} ms (before the steps); each step is timed "
+        "alternately with forward passes and its ratio is the median of the pairs\n")
+  print("| step | ms | forward ms (paired) | forward passes | quartiles | target |")
+  print("|---|---|---|---|---|---|")
   targets = {"MeZO": "<= 2.15", "HiZOO": "<= 3.2", "HiZOO, hessian_update_every=10": "<= 2.3"}
   for name, r in steps.items():
-    print(f"| {name} | {r['seconds'] * 1e3:.1f} | {r['fwd']:.2f} | {targets.get(name, '')} |")
+    print(f"| {name} | {r['seconds'] * 1e3:.1f} | {r['fwd_seconds'] * 1e3:.1f} | {r['fwd']:.2f} "
+          f"| {r['fwd_q25']:.2f}-{r['fwd_q75']:.2f} | {targets.get(name, '')} |")
   print(f"\nOne draw of {N_NOISE / 1e6:.1f}M normals:\n")
   print("| generator | ms | fwd at 64 rows | fwd at 1024 rows |")
   print("|---|---|---|---|")
@@ -174,15 +209,16 @@ def main():
   print("| step | ms | forward passes |")
   print("|---|---|---|")
   for name, v in rows64.items():
-    if name in ("fwd_seconds", "torch threads"):
+    if name in ("fwd_seconds", "torch threads", "paired ratios"):
       continue
     print(f"| {name} | {v * 1e3:.1f} | {v / t_fwd64:.2f} |")
   if torch is not None:
-    for ref_name in ("torch HiZOO (as written: 4 forward passes)",
-                     "torch HiZOO (3 forward passes)"):
-      print(f"\nHiZOO (hizoo-jax) / {ref_name}: {rows64['HiZOO'] / rows64[ref_name]:.3f} "
-            "(target <= 0.3)")
-    print(f"MeZO (hizoo-jax) / torch MeZO: {rows64['MeZO'] / rows64['torch MeZO']:.3f}")
+    print("\nStep time of hizoo-jax / the reference, timed alternately (median of the pairs):\n")
+    for ref_name, r in paired64.items():
+      ours = "MeZO" if "MeZO" in ref_name else "HiZOO"
+      target = "" if ours == "MeZO" else " (target <= 0.3)"
+      print(f"{ours} (hizoo-jax) / {ref_name}: {r['ratio']:.3f} "
+            f"(quartiles {r['q25']:.3f}-{r['q75']:.3f}){target}")
   print(f"\nwrote {args.out}")
 
 

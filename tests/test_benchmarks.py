@@ -1,0 +1,47 @@
+"""The benchmark scripts' timing helpers (benchmarks/common.py), on a fake clock."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+import common  # noqa: E402
+
+
+class FakeClock:
+  """``perf_counter`` that only moves when a timed function says so."""
+
+  def __init__(self):
+    self.now = 0.0
+    self.log = []
+
+  def __call__(self):
+    return self.now
+
+  def work(self, name, seconds):
+    def fn():
+      self.log.append(name)
+      self.now += seconds()
+    return fn
+
+
+def test_time_paired_alternates_and_pairs_ratios(monkeypatch):
+  clock = FakeClock()
+  monkeypatch.setattr(common.time, "perf_counter", clock)
+  # The machine slows down 3x halfway through: a ratio to one early reference timing would
+  # read 2x then 6x; the paired ratio stays 2x.
+  speed = iter([1.0] * 6 + [3.0] * 6)
+  ref = clock.work("ref", lambda: 0.010 * next(speed))
+  fn = clock.work("fn", lambda: 0.020 * next(speed))
+  t_fn, t_ref, ratios = common.time_paired(fn, ref, repeats=5, warmup=1)
+  assert clock.log == ["ref", "fn"] * 6
+  assert ratios == pytest.approx([2.0] * 5)
+  assert t_ref == pytest.approx(0.010 * 3.0)  # median of 1,1,3,3,3 (after the warm-up pair)
+  assert t_fn == pytest.approx(0.020 * 3.0)
+
+
+def test_quartiles():
+  assert common.quartiles([5.0, 1.0, 4.0, 2.0, 3.0]) == (2.0, 3.0, 4.0)
+  assert common.quartiles([1.0, 2.0]) == (1.25, 1.5, 1.75)
