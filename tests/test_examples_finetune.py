@@ -154,3 +154,39 @@ def test_readme_minilm_table_is_the_saved_results():
     assert cells[len(targets) + 1] == f"{s['final_smoothed_loss_median']:.4f}"
     accs = s["final_accuracy"]
     assert cells[len(targets) + 2].startswith(f"{np.mean(accs):.3f} ± {np.std(accs):.3f} (")
+
+
+def test_readme_minilm_divergence_table_is_the_saved_results():
+  """The README's lr 5e-3 rows (loss first > 1, lowest and final MA-50 loss, accuracy, H)."""
+  with open(os.path.join(ROOT, "README.md")) as fh:
+    readme = fh.read()
+  readme = readme[readme.index("### MiniLM-L6: HiZOO vs MeZO"):readme.index("## Notes on")]
+  rows = {
+      "lr 5e-3, HiZOO, α = 1e-3": ("minilm", "hizoo"),
+      "lr 5e-3, HiZOO, α = 0.5/d = 6.7e-6": ("minilm_hizoo_alpha_preset", "hizoo"),
+      "lr 5e-3, MeZO": ("minilm_mezo_lr5e-3", "mezo"),
+  }
+  for prefix, (sub, name) in rows.items():
+    (row,) = [r for r in readme.splitlines() if r.startswith(f"| {prefix}")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    runs = results(os.path.join(ROOT, "examples", "results", sub))["runs"][name]
+    assert [r["lr"] for r in runs] == [5e-3] * 3 and [r["seed"] for r in runs] == [0, 1, 2]
+    first, lowest, final = [], [], []
+    for r in runs:
+      losses = np.asarray(r["losses"], np.float64)
+      above = np.flatnonzero(losses > 1.0)
+      first.append(str(above[0] + 1) if above.size else None)
+      ma = np.convolve(losses, np.ones(50) / 50, "valid")
+      lowest.append(ma.min())
+      final.append(ma[-1])
+    assert cells[1] == ("never" if first == [None] * 3 else ", ".join(first)), (prefix, cells[1])
+    assert cells[2] == f"{min(lowest):.3f}–{max(lowest):.3f}", (prefix, cells[2])
+    assert float(cells[3]) == pytest.approx(np.median(final), rel=5e-3), (prefix, cells[3])
+    assert cells[4] == f"{np.mean([r['final']['accuracy'] for r in runs]):.3f}", (prefix, cells[4])
+    h = [r["hessian"]["median"] for r in runs] if name == "hizoo" else None
+    if h is None:
+      assert cells[5] == "–"
+    elif cells[5].startswith("1e8"):
+      assert h == pytest.approx([1e8] * 3)
+    else:
+      assert cells[5] == f"{min(h):.1f}–{max(h):.1f}", (prefix, cells[5])
