@@ -183,15 +183,31 @@ def test_training_on_negative_accuracy_uses_the_accuracy():
 
 
 def test_nnx_optimizer_with_nnx_value_fn_matches_the_functional_path():
+  """Five HiZOO steps through ``nnx.Optimizer`` and through ``make_train_step``, in float64.
+
+  The two paths trace the same arithmetic through different code, so XLA may fuse and order
+  the reductions differently; a zeroth-order step then amplifies that rounding: a loss
+  error dl becomes dl / mu in the projected gradient and 2 dl / mu^2 in the curvature
+  c = (l+ + l- - 2 l0) / (2 mu^2). In float32 (u = 2^-24) that is ~1e-6 after 5 steps and
+  machine-dependent, so the trajectory is compared in float64 (u = 2^-53 ~ 1.1e-16): with
+  dl <= n u |l|, n ~ 1e3 (the chained reduction lengths: 2 layers of 32/64-wide matmuls,
+  16-token attention, a 16-row mean) and |l| ~ 0.7, dl ~ 1e-13. Per step
+  dtheta <= lr * (dl / mu) * max|z| / min sqrt(H) ~ 5e-2 * 1e-11 * 6 ~ 3e-12 and
+  dH <= alpha * (2 dl / mu^2) * max H * max z^2 ~ 1e-2 * 2e-9 * 2 * 36 ~ 1.6e-9; over 5
+  steps atol 1e-10 (params) and 1e-8 (H). A wrong path moves params by ~lr = 5e-2.
+  """
+  f64 = jnp.float64
+
   def build():
-    model = tiny("bert")
+    model = bert.from_pretrained(os.path.join(DATA, "tiny_bert_mlm"), param_dtype=f64)
     peft.apply_lora(model, rank=4, alpha=8, rngs=nnx.Rngs(0))
-    return heads.SequenceClassifier(model, 32, 2)
+    return heads.SequenceClassifier(model, 32, 2, param_dtype=f64)
 
   ids, mask, labels = toy_batch(16)
   loss = lambda m: heads.cross_entropy(m(ids, mask), labels)  # noqa: E731
   wrt = peft.trainable_filter("lora")
   clf = build()
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(clf))} == {jnp.dtype(f64)}  # x64 is on
   tx = hz.hizoo(5e-2, mu=1e-2, hessian_smoothing=1e-2, seed=4)
   optimizer = nnx.Optimizer(clf, tx, wrt=wrt)
 
@@ -205,10 +221,13 @@ def test_nnx_optimizer_with_nnx_value_fn_matches_the_functional_path():
   # the functional path from the same init and seed
   graphdef, params, frozen = peft.split_trainable(build(), "lora")
   loss_fn = peft.make_loss_fn(graphdef, lambda m: loss(m))
+  params0 = jax.tree.map(jnp.copy, params)  # make_train_step donates params
   params, state, _ = _train(tx, loss_fn, params, frozen, (), 5)
-  chex.assert_trees_all_close(nnx.as_pure(nnx.state(clf, wrt)), params, rtol=1e-5, atol=1e-7)
+  assert max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+      jax.tree.leaves(params), jax.tree.leaves(params0), strict=True)) > 1e-3  # it trained
+  chex.assert_trees_all_close(nnx.as_pure(nnx.state(clf, wrt)), params, rtol=0, atol=1e-10)
   h_opt = hz.get_hessian(nnx.as_pure(optimizer.opt_state))
-  chex.assert_trees_all_close(h_opt, hz.get_hessian(state), rtol=1e-5)
+  chex.assert_trees_all_close(h_opt, hz.get_hessian(state), rtol=0, atol=1e-8)
   assert paths(h_opt) == paths(params)
 
 
