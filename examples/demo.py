@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import jax
@@ -38,8 +39,12 @@ import optax  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import hizoo_jax as hz  # noqa: E402
-from hizoo_jax import digits as D  # noqa: E402
-from hizoo_jax import problems as P  # noqa: E402
+
+# experiments/ (the research code behind the notebooks) lives beside examples/, uninstalled.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import digits as D  # noqa: E402
+from experiments import problems as P  # noqa: E402
+from experiments import report as R  # noqa: E402
 
 # Learning rates of the digits runs: the best of each method's grid in
 # notebooks/03_ablations.ipynb (chosen there on a held-out seed).
@@ -63,70 +68,6 @@ def digits_methods():
       "HiZOO-L": (hz.presets.hizoo_l, False),
       "Adam (first order)": (optax.adam, True),
   }
-
-
-def n_robust(sw):
-  n = sw.losses.shape[1]
-  return int(((sw.reached() == n) & (sw.stayed() == n)).sum())
-
-
-def test_function_table(results):
-  fns = list(dict.fromkeys(r.function for r in results))
-  by = {(r.method, r.function): r for r in results}
-  lines = ["| method | " + " | ".join(f"{f}: steps (reached, stayed) | lr | robust lrs"
-                                      for f in fns) + " |",
-           "|---|" + "---|---|---|" * len(fns)]
-  for m in dict.fromkeys(r.method for r in results):
-    cells = []
-    for f in fns:
-      r = by[(m, f)]
-      reached, stayed, n = r.counts()
-      steps = "never" if not np.isfinite(r.steps) else f"{r.steps:g}"
-      cells += [f"{steps} ({reached}/{n}, {stayed}/{n}){'' if r.robust else ' ⚠'}",
-                f"{r.learning_rate:.3g}", str(n_robust(r.sweep))]
-    lines.append(f"| {m} | " + " | ".join(cells) + " |")
-  return "\n".join(lines)
-
-
-def plot_test_functions(results, path):
-  fns = list(dict.fromkeys(r.function for r in results))
-  fig, axes = plt.subplots(2, len(fns), figsize=(5 * len(fns), 9))
-  colors = dict(zip(dict.fromkeys(r.method for r in results), plt.cm.tab10.colors, strict=False))
-  for j, fname in enumerate(fns):
-    f = P.FUNCTIONS[fname]
-    rs = [r for r in results if r.function == fname]
-    pts = np.concatenate([r.sweep.xs[r.lr_index, 0] for r in rs])
-    start_loss = float(f(np.asarray(P.START[fname])))
-    pts = pts[np.asarray(f(pts)) <= 2 * start_loss]  # frame the region, not a blow-up
-    lo, hi = np.percentile(pts, [0.5, 99.5], axis=0)
-    pad = 0.15 * (hi - lo) + 0.1
-    gx, gy = np.meshgrid(np.linspace(lo[0] - pad[0], hi[0] + pad[0], 300),
-                         np.linspace(lo[1] - pad[1], hi[1] + pad[1], 300))
-    fz = np.asarray(f(np.stack([gx, gy], -1)))
-    ax = axes[0, j]
-    ax.contour(gx, gy, np.log10(fz + 1e-3), levels=25, cmap="Greys", linewidths=0.6)
-    for r in rs:
-      xs = r.sweep.xs[r.lr_index, 0]
-      ax.plot(xs[:, 0], xs[:, 1], ".-", ms=2, lw=0.8, color=colors[r.method], label=r.method)
-    ax.plot(*P.START[fname], "ko")
-    ax.plot(*P.MINIMUM[fname], "r*", ms=12)
-    ax.set_xlim(gx.min(), gx.max())
-    ax.set_ylim(gy.min(), gy.max())
-    ax.set_title(f"{fname}: trajectories (seed 0)")
-    ax = axes[1, j]
-    for r in rs:
-      label = f"{r.method} ({'never' if not np.isfinite(r.steps) else int(r.steps)})"
-      ax.semilogy(np.maximum(r.sweep.losses[r.lr_index, 0], 1e-16), color=colors[r.method],
-                  lw=1, label=label)
-    ax.axhline(0.1, color="k", ls=":", lw=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("f")
-    ax.set_title(f"{fname}: loss (median steps to 0.1)")
-    ax.legend(fontsize=7)
-  axes[0, 0].legend(fontsize=7, loc="best")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
 
 
 def run_digits(steps, seeds, eval_every, bar):
@@ -166,27 +107,17 @@ def digits_table(runs, times):
   lines = ["| method | lr | final train loss, median [min, max] | test accuracy %, median "
            "[min, max] | diverged | step time (forward passes) |", "|---|---|---|---|---|---|"]
   for name, hs in runs.items():
-    tl = np.array([h.train_loss[-1] for h in hs])
-    acc = 100 * np.array([h.test_accuracy[-1] for h in hs])
-    ok = np.isfinite(tl)
-
-    def span(v, fmt, ok=ok):
-      v = v[ok]
-      return "—" if not v.size else f"{np.median(v):{fmt}} [{v.min():{fmt}}, {v.max():{fmt}}]"
-
-    lines.append(f"| {name} | {DIGITS_LR[name]:g} | {span(tl, '.3f')} | {span(acc, '.1f')} | "
-                 f"{sum(h.diverged for h in hs)}/{len(hs)} | {times[name]:.1f} |")
+    s = R.summarize(hs)
+    lines.append(f"| {name} | {DIGITS_LR[name]:g} | {s['loss']} | {s['acc']} | "
+                 f"{s['diverged']} | {times[name]:.1f} |")
   return "\n".join(lines)
 
 
 def plot_digits(runs, path):
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   for (name, hs), color in zip(runs.items(), plt.cm.tab10.colors, strict=False):
-    steps = hs[0].steps
-    for ax, key in zip(axes, ("train_loss", "test_accuracy"), strict=True):
-      v = np.array([getattr(h, key) for h in hs], dtype=float)
-      ax.plot(steps, np.nanmedian(v, 0), color=color, label=f"{name} (lr {DIGITS_LR[name]:g})")
-      ax.fill_between(steps, np.nanmin(v, 0), np.nanmax(v, 0), color=color, alpha=0.15, lw=0)
+    R.band(axes[0], hs, "train_loss", color, f"{name} (lr {DIGITS_LR[name]:g})")
+    R.band(axes[1], hs, "test_accuracy", color, name)
   axes[0].set_yscale("log")
   axes[0].set_title(f"digits MLP: train loss (median, range over {len(hs)} seeds)")
   axes[1].set_title("test accuracy")
@@ -226,14 +157,14 @@ def main():
     results = P.compare(ms, steps=steps, learning_rates=lrs, seeds=seeds, robust=True,
                         progress=tick)
   t_functions = time.perf_counter() - t_start
-  tf_md = test_function_table(results)
+  tf_md = R.functions_table(results)
   tf_head = (f"Steps to f < 0.1 (float64): median over {seeds} seeds at the fastest robust "
              f"learning rate of {len(lrs)} ({lrs.min():g}..{lrs.max():g}), at most {steps} "
              "steps; (reached, stayed): seeds that reached f < 0.1, and seeds still below it at "
              "the last step; robust lrs: learning rates of the grid at which all seeds reached "
              "and stayed (⚠: none; the fastest median is shown).")
   print("\n" + tf_head + "\n\n" + tf_md + "\n", flush=True)
-  plot_test_functions(results, os.path.join(args.out, "test_functions.png"))
+  plt.close(R.plot_functions(results, os.path.join(args.out, "test_functions.png")))
 
   # 2. The digits MLP.
   with tqdm(total=len(digits_methods()) * len(d_seeds) * d_steps, desc="digits MLP",
@@ -257,7 +188,7 @@ def main():
         test_functions=[dict(method=r.method, function=r.function, robust=r.robust,
                              median_steps=None if not np.isfinite(r.steps) else r.steps,
                              seeds_reached=r.counts()[0], seeds_stayed=r.counts()[1],
-                             robust_lrs=n_robust(r.sweep), learning_rate=r.learning_rate,
+                             robust_lrs=R.n_robust(r.sweep), learning_rate=r.learning_rate,
                              options={k: v for k, v in r.options.items()}) for r in results],
         digits={name: dict(learning_rate=DIGITS_LR[name],
                            final_train_loss=[float(h.train_loss[-1]) for h in hs],

@@ -11,7 +11,7 @@ pytest.importorskip("sklearn")
 pytest.importorskip("flax")
 
 import hizoo_jax as hz  # noqa: E402
-from hizoo_jax import digits as D  # noqa: E402
+from experiments import digits as D  # noqa: E402
 
 
 @pytest.fixture(scope="module")

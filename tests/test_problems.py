@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import hizoo_jax as hz
-from hizoo_jax import problems as P
+from experiments import problems as P
 
 
 def test_functions_and_minima():

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 import optax.tree_utils as otu
 
-from hizoo_jax._src.transform import get_hessian
+import hizoo_jax as hz
 
 
 def f_a(p: jax.Array) -> jax.Array:
@@ -339,12 +339,11 @@ def estimate_diagonal(
   Returns:
     ``H`` as ``[len(smoothing), seeds, d]``.
   """
-  from hizoo_jax._src.transform import scale_by_hizoo
 
   dtype = dtype or jnp.result_type(float)
   x = jnp.zeros(d, dtype) if x is None else jnp.asarray(x, dtype)
   static = tuple(k for k, v in options.items() if isinstance(v, int | str | bool | tuple))
-  tx = optax.inject_hyperparams(scale_by_hizoo, static_args=static)(
+  tx = optax.inject_hyperparams(hz.scale_by_hizoo, static_args=static)(
       hessian_smoothing=1.0, **options)
   state0 = tx.init(x)
 
@@ -357,7 +356,7 @@ def estimate_diagonal(
       return s, None
 
     state, _ = jax.lax.scan(body, state, None, length=steps)
-    return get_hessian(state.inner_state)
+    return hz.get_hessian(state.inner_state)
 
   run = jax.jit(jax.vmap(jax.vmap(one, in_axes=(None, 0)), in_axes=(0, None)))
   return np.asarray(run(jnp.asarray(smoothing, dtype), jnp.arange(seeds)))

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from hizoo_jax._src.train_step import make_train_step
+import hizoo_jax as hz
 
 HIDDEN = (128, 128)
 NUM_CLASSES = 10
@@ -176,7 +176,7 @@ def _compiled_step(tx: optax.GradientTransformation, first_order: bool, hidden: 
   batch_loss = lambda p, x, y, i: loss_fn(p, x[i], y[i])
   if first_order:
     return first_order_step(tx, batch_loss)
-  return make_train_step(tx, batch_loss)
+  return hz.make_train_step(tx, batch_loss)
 
 
 def train(
