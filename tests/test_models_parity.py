@@ -56,6 +56,18 @@ def _mlm_logit_rounding_bound(model, token_ids):
   return 2 * gamma * (h_norm * np.linalg.norm(emb, axis=-1) + bias)
 
 
+def matmul_rounding_bound(a, b):
+  """Twice the float32 rounding bound of ``a @ b``, elementwise: ``2 gamma_K |a| @ |b|``.
+
+  Any summation order of the K products carries at most ``gamma_K sum_k |a_k b_k|``
+  (gamma_K = K u / (1 - K u), u = 2^-24); two orders (two matmul shapes, two libraries)
+  differ by at most twice that.
+  """
+  a, b = np.abs(np.asarray(a, np.float64)), np.abs(np.asarray(b, np.float64))
+  k, u = a.shape[-1], 2.0**-24
+  return 2 * k * u / (1 - k * u) * (a @ b)
+
+
 def _assert_trees_equal(a, b):
   import jax
 
@@ -133,9 +145,13 @@ def test_tiny_llama_matches_fixture(fixtures):
   ref = fixtures["llama_logits"]
   assert np.abs(ref).max() > 1.0  # a scale at which 1e-4 means something
   assert _masked_max_diff(logits, ref, mask) < TOL
-  np.testing.assert_allclose(
-      model.word_logits(model(jnp.asarray(ids), jnp.asarray(mask)), jnp.asarray([4, 7])),
-      logits[..., jnp.asarray([4, 7])], rtol=1e-5, atol=1e-6)
+  # two label words: the same columns up to the order of the hidden-size sums
+  words = jnp.asarray([4, 7])
+  hidden = model(jnp.asarray(ids), jnp.asarray(mask))
+  diff = np.abs(np.asarray(model.word_logits(hidden, words)) - np.asarray(logits[..., words]))
+  rows = (model.embed_tokens.embedding[...][words] if model.lm_head is None
+          else model.lm_head.kernel[...][:, words].T)
+  np.testing.assert_array_less(diff, matmul_rounding_bound(hidden, rows.T))
 
 
 def test_save_pretrained_round_trips(tmp_path, fixtures):
@@ -289,7 +305,17 @@ def test_rope_scores_depend_on_relative_position_only():
 
   s1 = jnp.sum(rotated(q, 7) * rotated(k, 3))
   s2 = jnp.sum(rotated(q, 24) * rotated(k, 20))
-  np.testing.assert_allclose(s1, s2, rtol=1e-5)
+  # float32 rounding: a rotated element x_i cos - x_p sin (cos, sin rounded to float32, two
+  # products, one sum) is off by <= 4u (|x_i| + |x_p|) (p: its rotation partner), and the
+  # 16-term sum adds gamma_16; so each score is off by <= (8 + 16) u S with
+  # S = sum_i (|q_i| + |q_p|)(|k_i| + |k_p|), and two scores differ by twice that (~1e-4
+  # here, against |s1 - s3| ~ 0.4 for a different relative position).
+  def partnered(x):
+    x = np.abs(np.asarray(x, np.float64)).ravel()
+    return x + np.concatenate([x[8:], x[:8]])
+
+  s_abs = float(np.sum(partnered(q) * partnered(k)))
+  assert abs(float(s1) - float(s2)) <= 2 * 24 * 2.0**-24 * s_abs
   assert not np.isclose(s1, jnp.sum(rotated(q, 7) * rotated(k, 5)))
   model = llama.LlamaForCausalLM(cfg, rngs=nnx.Rngs(0))  # a random tiny model runs
   assert model.logits(model(jnp.ones((2, 5), jnp.int32))).shape == (2, 5, cfg.vocab_size)
