@@ -1,4 +1,5 @@
-"""The README's code and commands, and the examples in their smoke modes."""
+"""The README and the documentation: their code runs, their commands are CI's, their numbers
+are the results pages', every public name has an API page; the examples in smoke modes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _readme():
   with open(os.path.join(ROOT, "README.md")) as fh:
     return fh.read()
+
+
+def _page(path: str) -> str:
+  with open(os.path.join(ROOT, "docs", path)) as fh:
+    return fh.read()
+
+
+def _docs_pages() -> dict[str, str]:
+  pages = {}
+  for dirpath, dirs, files in os.walk(os.path.join(ROOT, "docs")):
+    dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+    for f in files:
+      if f.endswith(".md"):
+        path = os.path.join(dirpath, f)
+        with open(path) as fh:
+          pages[os.path.relpath(path, os.path.join(ROOT, "docs"))] = fh.read()
+  return pages
 
 
 def _block_after(marker: str) -> str:
@@ -37,8 +55,9 @@ def test_readme_quickstart_runs_and_learns():
   assert loss < 0.15, out.stdout  # the initial loss is 0.66
 
 
-def test_readme_composition_snippet_builds():
-  block = re.search(r"## Composing with Optax and Flax\s*```python\n(.*?)```", _readme(), re.S)
+def test_optax_guide_snippet_builds():
+  block = re.search(r"# Composing with Optax.*?```python\n(.*?)```", _page("guides/optax.md"),
+                    re.S)
   code = "import optax, hizoo_jax as hz, jax.numpy as jnp\n" + block.group(1) + (
       "\nfor tx in (zo_adam, zo_sgd_mmt, zo_sign, accumulate, scheduled):\n"
       "    p = {'x': jnp.ones(3)}\n"
@@ -64,6 +83,93 @@ def test_readme_commands_are_the_ci_commands():
                        capture_output=True, text=True, timeout=60)
   assert out.returncode == 0 and out.stdout == tests, (out.stdout, out.stderr)
   assert 'bash -c "$cmd"' in ci
+
+
+def test_readme_is_short_and_its_links_resolve():
+  text = _readme()
+  assert len(text) <= 12_000, len(text)
+  links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+  local = [ln for ln in links if not ln.startswith(("http://", "https://"))]
+  assert len(local) >= 15, local
+  for link in local:
+    assert os.path.exists(os.path.join(ROOT, link)), link
+
+
+def test_readme_api_table_uses_the_real_keywords():
+  import inspect
+
+  import hizoo_jax as hz
+
+  text = _readme()
+  assert "(lr" not in text and "learning_rate" in text
+  for fn in (hz.hizoo, hz.hizoo_l, hz.mezo):
+    assert "learning_rate" in inspect.signature(fn).parameters
+
+
+def test_no_page_cites_a_spec():
+  for name, text in {"README.md": _readme(), **_docs_pages()}.items():
+    assert not re.search(r"\bspec\b", text, re.I), name
+
+
+def _table(text: str, marker: str) -> dict[str, list[str]]:
+  """The Markdown table after ``marker``, as {first cell: the other cells}."""
+  section = text[text.index(marker):]
+  rows = {}
+  for line in section.splitlines()[1:]:
+    if not line.startswith("|"):
+      if rows:
+        break
+      continue
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if cells[0] not in ("method", "f") and not set(cells[0]) <= {"-"}:
+      rows[cells[0]] = cells[1:]
+  return rows
+
+
+def test_readme_headline_results_are_the_results_pages():
+  """Each number of the README's results table is in the results pages' tables (which
+  tests/test_notebooks.py checks against the notebooks' outputs)."""
+  head = _table(_readme(), "<!-- headline-results -->")
+  functions = _table(_page("results/test_functions.md"), "| method | f_a")
+  digits = _table(_page("results/digits.md"), "| method | lr |")
+  names = {"HiZOO": "HiZOO (paper est.)"}
+  assert list(head) == ["MeZO", "HiZOO", "HiZOO-L", "Adam (first order)"]
+  for method, cells in head.items():
+    f_row = functions[names.get(method, method)]
+    for cell, steps in zip(cells[:3], (f_row[0], f_row[3], f_row[6]), strict=True):
+      assert steps.split(" (")[0] == cell, (method, cell, steps)
+    d_row = digits[method]
+    assert d_row[1].split(" [")[0] == cells[3], (method, d_row)
+    assert d_row[2].split(" [")[0] == cells[4], (method, d_row)
+
+
+def test_every_public_name_has_an_api_page():
+  import hizoo_jax as hz
+  from hizoo_jax import presets
+
+  core = _page("api/hizoo_jax.md")
+  documented = set(re.findall(r"^   (\w+)$", core, re.M))
+  assert set(hz.__all__) - {"presets"} <= documented, set(hz.__all__) - documented
+  assert documented <= set(hz.__all__), documented - set(hz.__all__)
+  assert ".. automodule:: hizoo_jax.presets\n   :members:" in _page("api/presets.md")
+  assert all(getattr(presets, n).__doc__ for n in dir(presets)
+             if not n.startswith("_") and callable(getattr(presets, n))
+             and getattr(getattr(presets, n), "__module__", "") == presets.__name__)
+  models = _page("api/models.md")
+  for sub in ("bert", "llama", "heads", "peft", "checkpoint", "data"):
+    assert f"models/{sub}" in models
+    assert f".. automodule:: hizoo_jax.models.{sub}\n   :members:" in _page(f"api/models/{sub}.md")
+  for name in ("PrefixParam", "PrefixKV"):
+    assert f"hizoo_jax.models.{name}" in models
+
+
+def test_every_docs_page_is_in_a_toctree():
+  pages = _docs_pages()
+  index = pages["index.md"] + pages["api/models.md"]
+  for name in pages:
+    if name in ("index.md", "changelog.md") or name.startswith("notebooks/"):
+      continue
+    assert name[:-3].replace("api/models/", "models/") in index, name
 
 
 @pytest.mark.slow

@@ -109,15 +109,18 @@ def test_finetune_lm_full_fine_tuning_and_bit_for_bit_resume_in_a_new_process(tm
     assert sorted(os.listdir(ckpt / f"{name}_seed0")) == ["3", "6"]
 
 
+def docs_page(page):
+  with open(os.path.join(ROOT, "docs", page)) as fh:
+    return fh.read()
+
+
 @requires_minilm
-def test_readme_flax_quickstart_runs():
+def test_docs_flax_quickstart_runs():
+  """The first example of the Flax fine-tuning guide runs as written."""
   import re
 
-  with open(os.path.join(ROOT, "README.md")) as fh:
-    readme = fh.read()
-  section = readme.index("## Fine-tuning real models (Flax)")
-  assert section < readme.index("## Notes on the estimators")
-  code = re.search(r"<!-- flax-quickstart -->\s*```python\n(.*?)```", readme, re.S).group(1)
+  guide = docs_page("guides/flax_finetuning.md")
+  code = re.search(r"<!-- flax-quickstart -->\s*```python\n(.*?)```", guide, re.S).group(1)
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
@@ -139,20 +142,18 @@ def finetune_minilm_module():
   return ex
 
 
-def test_readme_minilm_table_is_the_saved_results():
-  """The README's HiZOO/MeZO/Adam rows are what the saved results.json files give."""
+def test_minilm_page_table_is_the_saved_results():
+  """The MiniLM results page's HiZOO/MeZO/Adam rows are what the saved results.json give."""
   import re
 
   ex = finetune_minilm_module()
-  with open(os.path.join(ROOT, "README.md")) as fh:
-    readme = fh.read()
-  readme = readme[readme.index("### MiniLM-L6: HiZOO vs MeZO"):readme.index("## Notes on")]
-  targets = [float(t) for t in re.search(r"--target-loss ([0-9.,]+)", readme).group(1).split(",")]
+  page = docs_page("results/minilm.md")
+  targets = [float(t) for t in re.search(r"--target-loss ([0-9.,]+)", page).group(1).split(",")]
   for sub, label in (("minilm", "HiZOO"), ("minilm", "MeZO"), ("minilm_adam", "Adam")):
     res = results(os.path.join(ROOT, "examples", "results", sub))
     _, summary = ex.summarize(res["runs"], res["args"]["window"], targets)
     s = summary["optimizers"][label.lower()]
-    (row,) = [r for r in readme.splitlines() if r.startswith(f"| {label} ")]
+    (row,) = [r for r in page.splitlines() if r.startswith(f"| {label} ")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     for cell, t in zip(cells[1:], targets, strict=False):
       med, per_seed = s["median_steps_to_target"][str(t)], s["steps_to_target"][str(t)]
@@ -163,19 +164,18 @@ def test_readme_minilm_table_is_the_saved_results():
     assert cells[len(targets) + 2].startswith(f"{np.mean(accs):.3f} ± {np.std(accs):.3f} (")
 
 
-def test_readme_minilm_divergence_table_is_the_saved_results():
-  """The README's lr 5e-3 rows (loss first > 1, lowest and final MA-50 loss, accuracy, H)."""
+def test_minilm_page_divergence_table_is_the_saved_results():
+  """The MiniLM page's lr 5e-3 rows (loss first > 1, lowest and final MA-50 loss, accuracy,
+  H)."""
   ex = finetune_minilm_module()
-  with open(os.path.join(ROOT, "README.md")) as fh:
-    readme = fh.read()
-  readme = readme[readme.index("### MiniLM-L6: HiZOO vs MeZO"):readme.index("## Notes on")]
+  page = docs_page("results/minilm.md")
   rows = {
       "lr 5e-3, HiZOO, α = 1e-3": ("minilm", "hizoo"),
       "lr 5e-3, HiZOO, α = 0.5/d = 6.7e-6": ("minilm_hizoo_alpha_preset", "hizoo"),
       "lr 5e-3, MeZO": ("minilm_mezo_lr5e-3", "mezo"),
   }
   for prefix, (sub, name) in rows.items():
-    (row,) = [r for r in readme.splitlines() if r.startswith(f"| {prefix}")]
+    (row,) = [r for r in page.splitlines() if r.startswith(f"| {prefix}")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     runs = results(os.path.join(ROOT, "examples", "results", sub))["runs"][name]
     assert [r["lr"] for r in runs] == [5e-3] * 3 and [r["seed"] for r in runs] == [0, 1, 2]

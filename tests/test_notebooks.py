@@ -3,7 +3,7 @@
 Each notebook reads ``HIZOO_NOTEBOOK_SMALL=1`` (tiny budgets: its numbers mean nothing) and
 writes its figures to ``HIZOO_NOTEBOOK_FIGURES``, here a temporary folder, so the committed
 outputs and figures are left alone. The committed ``.ipynb`` files must hold the outputs
-of a full run: the README's numbers come from them.
+of a full run: the numbers of the documentation's results pages come from them.
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ def test_demo_learning_rates_are_the_notebooks_choice():
     assert lr == pytest.approx(chosen[name]), name
 
 
-def _readme_table_rows(start: str, stop: str) -> list[str]:
-  with open(os.path.join(ROOT, "README.md")) as fh:
+def _page_table_rows(page: str, start: str, stop: str) -> list[str]:
+  """The body rows of the first Markdown table between ``start`` and ``stop`` in a docs page."""
+  with open(os.path.join(ROOT, "docs", page)) as fh:
     text = fh.read()
   section = text[text.index(start):]
   section = section[: section.index(stop)]
@@ -100,13 +101,14 @@ def _readme_table_rows(start: str, stop: str) -> list[str]:
           if ln.startswith("| ") and not ln.startswith("| method") and "---" not in ln]
 
 
-@pytest.mark.parametrize("name, start, stop", [
-    ("01_test_functions.ipynb", "### The paper's test functions", "- **The paper's Figure 2"),
-    ("03_ablations.ipynb", "### A small real model", "- HiZOO (and HiZOO-L"),
+@pytest.mark.parametrize("name, page, start, stop", [
+    ("01_test_functions.ipynb", "results/test_functions.md", "Steps to f < 0.1",
+     "## What it shows"),
+    ("03_ablations.ipynb", "results/digits.md", "A Flax NNX MLP", "## What it shows"),
 ])
-def test_readme_results_tables_come_from_the_notebooks(name, start, stop):
-  """Each row of the README's results table starts a row of the notebook's output."""
-  rows = _readme_table_rows(start, stop)
+def test_results_pages_tables_come_from_the_notebooks(name, page, start, stop):
+  """Each row of a results page's main table starts a row of the notebook's output."""
+  rows = _page_table_rows(page, start, stop)
   assert len(rows) >= 6
   lines = [ln.strip() for ln in _outputs_text(name).splitlines()]
   for row in rows:
