@@ -125,3 +125,30 @@ def test_estimate_diagonal_recovers_small_diagonals():
   scale = np.exp(np.median(np.log(h / a), axis=-1))
   np.testing.assert_allclose(scale, 1 + d / 2, rtol=0.3)
   assert np.all(P.rank_correlation(h, a) > 0.8)
+
+
+def test_report_table_and_summaries():
+  """experiments.report: the tables the notebooks and the demo print."""
+  from types import SimpleNamespace
+
+  from experiments import report as R
+
+  res = P.compare({"hizoo": (hz.hizoo, [dict(hessian_smoothing=0.3)])}, functions=("f_a",),
+                  steps=200, learning_rates=np.array([0.03, 0.1]), seeds=2, robust=True)
+  head, rule, row = R.functions_table(res).splitlines()
+  assert head == "| method | f_a: steps (reached, stayed) | lr | robust lrs |"
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  reached, stayed, n = res[0].counts()
+  assert cells[0] == "hizoo" and f"({reached}/{n}, {stayed}/{n})" in cells[1]
+  assert float(cells[2]) == pytest.approx(res[0].learning_rate, rel=1e-2)
+  assert int(cells[3]) == R.n_robust(res[0].sweep) <= 2
+
+  def run(losses, acc, diverged=False):
+    return SimpleNamespace(steps=np.array([0, 10, 20]), train_loss=np.array(losses),
+                           test_accuracy=np.array(acc), diverged=diverged, seconds=1.5)
+
+  s = R.summarize([run([2.0, 0.4, 0.3], [0.5, 0.8, 0.9]),
+                   run([2.0, 0.6, 0.2], [0.5, 0.7, 0.95]),
+                   run([2.0, np.nan, np.nan], [0.5, np.nan, np.nan], diverged=True)])
+  assert s["loss"] == "0.250 [0.200, 0.300]" and s["acc"] == "92.5 [90.0, 95.0]"
+  assert s["diverged"] == "1/3" and s["hit"] == "20"  # median of 10, 20 and never
