@@ -90,7 +90,7 @@ def pass_memory(step, params, state, batch):
   else:
     z = jnp.zeros(())
     lowered = [ex.fwd.lower(params, *batch), ex.perturb_inplace.lower(params, state, 1.0),
-               ex.update_params.lower(params, state, z, z, z, True),
+               ex.update_params.lower(params, state, z, z, z),
                ex.update_state.lower(state, params, z, z, z)]
   peaks = []
   for lo in lowered:

@@ -9,18 +9,16 @@
 
 from hizoo_jax import presets
 from hizoo_jax._src.alias import hizoo, hizoo_l, mezo
-from hizoo_jax._src.hessian import FactoredHessian
-from hizoo_jax._src.sampling import fast_gaussian, gaussian, rademacher
+from hizoo_jax._src.curvature import FactoredHessian
+from hizoo_jax._src.sampling import Sampler, fast_gaussian, gaussian, rademacher
 from hizoo_jax._src.sharding import shard_state, state_shardings
 from hizoo_jax._src.train_step import make_train_step
 from hizoo_jax._src.transform import (
     HiZOOState,
-    ZOHooks,
     ZOState,
     get_hessian,
     scale_by_hizoo,
     scale_by_zo,
-    zo_hooks,
 )
 
 __version__ = "0.1.0"
@@ -28,7 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FactoredHessian",
     "HiZOOState",
-    "ZOHooks",
+    "Sampler",
     "ZOState",
     "fast_gaussian",
     "gaussian",
@@ -43,5 +41,4 @@ __all__ = [
     "scale_by_zo",
     "shard_state",
     "state_shardings",
-    "zo_hooks",
 ]

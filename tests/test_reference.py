@@ -11,7 +11,7 @@ import optax.tree_utils as otu
 import pytest
 
 import hizoo_jax as hz
-from hizoo_jax._src import hessian as hess
+from hizoo_jax._src import curvature as hess
 from tests import reference
 from tests.helpers import explicit_sampler, problem, step_noise
 

@@ -50,6 +50,26 @@ def test_fast_gaussian_matches_its_own_pmf_and_float_math():
   s = (b.astype(np.float64) - 510) * sampling._FAST_SCALE / 256
   np.testing.assert_allclose(z.ravel(), sampling._FAST_A * s + sampling._FAST_B * s**3,
                              rtol=1e-6, atol=1e-6)
+  # and bit for bit the float32 evaluation the module documents (no FMA can change it)
+  m = (b.astype(np.int64) - 510).astype(np.float32)
+  poly = np.float32(sampling._FAST_POLY_A)
+  for piece in sampling._FAST_POLY_B:
+    prod = np.float32(piece) * (m * m)
+    assert np.all(prod.astype(np.float64) == piece * (m.astype(np.float64) ** 2))  # exact
+    poly = poly + prod
+  np.testing.assert_array_equal(np.asarray(sampling.fast_gaussian(key, (3, 5))).ravel(),
+                                m * poly)
+
+
+def test_fast_gaussian_is_the_same_bits_in_every_program():
+  """Eager, jitted, fused into an update and sharded programs draw identical noise."""
+  key = jax.random.key(3)
+  eager = np.asarray(hz.fast_gaussian(key, (256, 256)))
+  jitted = np.asarray(jax.jit(lambda: hz.fast_gaussian(key, (256, 256)))())
+  fused = np.asarray(jax.jit(lambda w: w * 0.5 + 1e-3 * hz.fast_gaussian(key, w.shape))(
+      jnp.zeros((256, 256))))
+  np.testing.assert_array_equal(eager, jitted)
+  np.testing.assert_array_equal(np.float32(1e-3) * eager, fused)
 
 
 @pytest.mark.parametrize("sampler", [hz.fast_gaussian, hz.gaussian])
@@ -79,16 +99,52 @@ def test_fast_gaussian_index_layout_and_dtypes():
 
 
 def test_key_schedule_is_stable():
-  """direction_noise follows the documented schedule (split, fold_in, per-leaf split)."""
+  """direction_noise follows the documented schedule (split, fold_in, per-leaf key words)."""
   params = {"a": jnp.zeros((3,)), "b": jnp.zeros((2, 2))}
   noise_key, _ = sampling.split_state_key(jax.random.key(5))
   got = sampling.direction_noise(noise_key, 2, params, hz.fast_gaussian)
-  keys = jax.random.split(jax.random.fold_in(noise_key, 2), 2)
-  np.testing.assert_array_equal(got["a"], hz.fast_gaussian(keys[0], (3,)))
-  np.testing.assert_array_equal(got["b"], hz.fast_gaussian(keys[1], (2, 2)))
+  data = np.asarray(jax.random.key_data(jax.random.fold_in(noise_key, 2)))
+
+  def mix32(x):  # the documented finalizer, in NumPy uint32 arithmetic
+    x = np.uint32(x)
+    x ^= x >> np.uint32(16)
+    x = np.uint32((int(x) * 0x7FEB352D) % 2**32)
+    x ^= x >> np.uint32(15)
+    x = np.uint32((int(x) * 0x846CA68B) % 2**32)
+    return x ^ (x >> np.uint32(16))
+
+  for i, name in enumerate(["a", "b"]):  # jax.tree.leaves order
+    words = data.copy()
+    words[-1] = mix32(words[-1] ^ mix32((i * 0x9E3779B9 + 1) % 2**32))
+    key = jax.random.wrap_key_data(jnp.asarray(words, jnp.uint32))
+    np.testing.assert_array_equal(got[name], hz.fast_gaussian(key, params[name].shape))
+  # leaves of one direction are distinct streams
+  assert not np.allclose(got["a"], np.asarray(got["b"]).ravel()[:3])
+
+
+def test_samplers_are_objects_and_functions_are_wrapped():
+  assert isinstance(hz.fast_gaussian, hz.Sampler) and hz.fast_gaussian.has_rows
+  assert hz.gaussian.is_gaussian and not hz.gaussian.has_rows
+  assert not hz.rademacher.is_gaussian
+  fn = lambda key, shape, dtype: jax.random.normal(key, shape, dtype)
+  wrapped = sampling.as_sampler(fn)
+  assert wrapped.is_gaussian and wrapped.sample is not None
+  assert not sampling.as_sampler(jax.random.rademacher).is_gaussian
+  with pytest.raises(ValueError, match="Gaussian"):
+    hz.hizoo(1e-3, sampler=jax.random.rademacher)
+  with pytest.raises(TypeError, match="callable"):
+    hz.mezo(1e-3, sampler=3)
+
+
+def test_an_integer_sampler_is_refused_not_silently_zero():
+  ints = lambda key, shape, dtype: jnp.zeros(shape, jnp.int32)
+  tx = hz.mezo(1e-3, sampler=ints)
+  params = {"w": jnp.ones(3)}
+  with pytest.raises(TypeError, match="floating-point noise"):
+    tx.update(None, tx.init(params), params, value_fn=lambda p: jnp.sum(p["w"]))
 
 
 def test_default_sampler_is_fast_gaussian_and_accepted_by_hizoo():
   assert sampling.DEFAULT_SAMPLER is hz.fast_gaussian
-  assert sampling.is_gaussian(hz.fast_gaussian) and not sampling.is_gaussian(hz.rademacher)
+  assert hz.fast_gaussian.is_gaussian and not hz.rademacher.is_gaussian
   hz.hizoo(1e-3, sampler=hz.fast_gaussian)

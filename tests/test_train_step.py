@@ -83,14 +83,30 @@ def test_several_directions_fall_back_to_the_plain_step():
     run(make, lean=True)
 
 
-def test_lean_needs_hooks_and_a_valid_restore():
-  zo_adam = optax.chain(hz.scale_by_zo(), optax.adam(1e-3))
-  assert hz.zo_hooks(zo_adam) is None
-  with pytest.raises(ValueError, match="lean=True"):
-    hz.make_train_step(zo_adam, loss_fn, lean=True)
-  hz.make_train_step(zo_adam, loss_fn)  # plain path
+def test_build_time_errors():
+  with pytest.raises(ValueError, match="zeroth-order transform"):
+    hz.make_train_step(optax.adam(1e-3), loss_fn)
+  with pytest.raises(ValueError, match="zeroth-order transform"):
+    hz.make_train_step(optax.chain(optax.clip(1.0), optax.sgd(1e-3)), loss_fn)
   with pytest.raises(ValueError, match="restore"):
     hz.make_train_step(hz.mezo(1e-3), loss_fn, restore="copy")
+  with pytest.raises(ValueError, match="executables"):
+    hz.make_train_step(hz.mezo(1e-3), loss_fn, executables="two")
+  # two ZO transforms (one per group): the plain step; lean=True refuses
+  two = optax.multi_transform({"a": hz.mezo(1e-3), "b": hz.mezo(1e-3, seed=1)},
+                              {"l0": "a", "l1": "b"})
+  params = mlp([8, 16, 4])
+  with pytest.raises(ValueError, match="lean=True"):
+    hz.make_train_step(two, loss_fn, lean=True)(params, two.init(params), X, Y)
+  p0, s0 = params, two.init(params)
+  p, s, loss = hz.make_train_step(two, loss_fn, donate=False)(p0, s0, X, Y)
+  # jitted like the step: fast_gaussian's float32 polynomial may round its last bit
+  # differently when XLA contracts it into an FMA in one program and not in another
+  u, s1 = jax.jit(lambda p, s: two.update(jax.tree.map(jnp.zeros_like, p), s, p,
+                                          value_fn=lambda q: loss_fn(q, X, Y),
+                                          value_params=p))(p0, s0)
+  chex.assert_trees_all_close(p, optax.apply_updates(p0, u), rtol=1e-12)
+  assert float(loss) == float(s1.inner_states["a"].inner_state[0].loss)
 
 
 def test_lean_step_donates_and_can_keep_inputs():
@@ -113,18 +129,19 @@ def test_lean_step_donates_and_can_keep_inputs():
 ], ids=["mezo", "hizoo", "hizoo_l"])
 def test_lean_executables_need_no_params_sized_temporaries(make, limit, monkeypatch):
   """Compiled temporaries of every lean pass, in units of the params' bytes."""
-  from hizoo_jax._src import hessian
+  from hizoo_jax._src import curvature
 
-  monkeypatch.setattr(hessian, "BLOCK_ELEMENTS", 8192)  # 256 x 256 leaves: 8 row blocks
+  monkeypatch.setattr(curvature, "BLOCK_ELEMENTS", 8192)  # 256 x 256 leaves: 8 row blocks
   tx = make()
   params = mlp([256, 256, 256, 256, 256], jnp.float32)
   nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
   state = tx.init(params)
-  ex = hz.make_train_step(tx, loss_fn).executables(params, state)
+  ex = hz.make_train_step(tx, loss_fn, executables="several").executables(params, state)
   z = jnp.zeros((), jnp.float32)
+  assert ex.split_update  # the state does not read the params: two in-place updates
   temps = {
       "perturb": ex.perturb_inplace.lower(params, state, 1.0),
-      "update_params": ex.update_params.lower(params, state, z, z, z, True),
+      "update_params": ex.update_params.lower(params, state, z, z, z),
       "update_state": ex.update_state.lower(state, params, z, z, z),
   }
   for name, lowered in temps.items():
@@ -154,9 +171,9 @@ def test_auto_restore_is_exact_for_16_bit_params_and_in_place_otherwise():
 @pytest.mark.parametrize("estimator", ["paper", "unbiased"])
 def test_blocked_factored_update_equals_the_whole_leaf_update(monkeypatch, estimator):
   """Row blocks (with an overlapping last block and leading dims) give the same H."""
-  from hizoo_jax._src import hessian
+  from hizoo_jax._src import curvature
 
-  monkeypatch.setattr(hessian, "BLOCK_ELEMENTS", 40)  # several blocks on small leaves
+  monkeypatch.setattr(curvature, "BLOCK_ELEMENTS", 40)  # several blocks on small leaves
   params = {"w": jax.random.normal(jax.random.key(0), (3, 13, 7), jnp.float64),
             "v": jax.random.normal(jax.random.key(1), (11, 9), jnp.float64)}
   f = lambda p: jnp.sum(jnp.tanh(p["w"]) ** 2) + jnp.sum(p["v"] ** 4)

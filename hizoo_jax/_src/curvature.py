@@ -1,7 +1,18 @@
-"""The diagonal-Hessian state of HiZOO: dense per leaf, or factored (HiZOO-L).
+"""The curvature of a zeroth-order estimate, one small strategy per params leaf.
+
+Three strategies, chosen per leaf at ``init`` and recognised afterwards by the type of the
+leaf's state (:func:`strategy_of`):
+
+* :data:`IDENTITY` (MeZO): no state, ``H = 1``; the perturbation is ``mu z``.
+* :data:`DENSE` (HiZOO): ``H`` is an array shaped like the leaf.
+* :data:`FACTORED` (HiZOO-L): a :class:`FactoredHessian` ``(row, col)``.
+
+Each strategy has the same three operations: ``init`` (the state for ``H = h0``),
+``inv_sqrt`` (``H^{-1/2}``, the perturbation and update scale ``Sigma^{1/2}``) and
+``update`` (one EMA step of ``H`` from a direction's noise and curvature probe).
 
 ``H`` is the running estimate of the diagonal Hessian (the paper's ``Sigma^{-1}``). Each
-params leaf gets either
+params leaf of HiZOO gets either
 
 * a dense array shaped like the leaf (HiZOO), or
 * a :class:`FactoredHessian` ``(row, col)`` with ``row.shape == leaf.shape[:-1]`` and
@@ -10,7 +21,7 @@ params leaf gets either
 
 All functions here work on one leaf; the transform maps them over the params tree. The
 curvature estimate ``est`` itself is formed here too, so the formulas of section 1 of the
-spec live in exactly one place:
+paper live in exactly one place:
 
     paper:     est = |c| * H * z^2                with c = (l+ + l- - 2 l0) / (2 mu^2)
     unbiased:  est = c * H * (z^2 - 1)            (signed; E[est] = diag(A) exactly)
@@ -22,7 +33,7 @@ The unbiased (MiNES) estimate enters the EMA with its sign. A signed estimate ca
 ``mu H^{-1/2} z``, to ``1e4 mu``. So on this path ``H`` may at most halve per update
 (``H_new >= H / 2``, :data:`UNBIASED_MAX_DECREASE`). The floor binds only when
 ``alpha (c + 1) > 1/2``; in steady state (``alpha c << 1``) the update stays unbiased.
-Taking ``|c H (z^2 - 1)|`` instead, as the spec's first draft wrote it, brings the trace
+Taking ``|c H (z^2 - 1)|`` instead (a tempting way to keep it positive) brings the trace
 back: ``E|z^2 - 1| = 0.968``, so its mean is ``~0.48 (tr A - A_ii) + ...`` (measured: 23.8
 for a true 1.0 on diag(1, 2, 5, 10, 30)), almost as biased as the paper estimator (25.0).
     factored:  E = est with H_hat;  row <- EMA(row, sum(E, -1));  col <- EMA(col, sum(E, -2))
@@ -66,7 +77,7 @@ def init_leaf(
     leaf: Any, *, factored: bool, min_dim_size_to_factor: int, dtype: Any, init_value: Any
 ) -> jax.Array | FactoredHessian:
   """The Hessian state of one leaf, starting from ``H = init_value`` (may be traced)."""
-  shape = tuple(leaf.shape)
+  shape = tuple(jnp.shape(leaf))  # a Python float leaf has shape ()
   v = jnp.asarray(init_value, dtype)
   if factored and should_factor(shape, min_dim_size_to_factor):
     p, q = shape[-2], shape[-1]
@@ -213,3 +224,74 @@ def select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
 def num_floats(h: jax.Array | FactoredHessian) -> int:
   """Number of stored floats of one leaf's Hessian state."""
   return sum(x.size for x in jax.tree.leaves(h))
+
+
+# ----------------------------------------------------------------------------------------
+# The strategies.
+
+
+class _Identity:
+  """MeZO: ``H = 1`` everywhere, no state."""
+
+  name = "identity"
+
+  def inv_sqrt(self, h, clip):
+    return None
+
+  def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
+    return h
+
+
+class _Dense:
+  """HiZOO: a dense ``H`` shaped like the leaf."""
+
+  name = "dense"
+
+  def inv_sqrt(self, h, clip):
+    return inv_sqrt(h, clip)
+
+  def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
+    del rows
+    return update_leaf(h, z() if callable(z) else z, curvature, alpha, estimator=estimator,
+                       clip=clip)
+
+
+class _Factored:
+  """HiZOO-L: ``H`` stored as row and column sums (:class:`FactoredHessian`)."""
+
+  name = "factored"
+
+  def inv_sqrt(self, h, clip):
+    return inv_sqrt(h, clip)
+
+  def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
+    return update_leaf(h, z, curvature, alpha, estimator=estimator, clip=clip, rows=rows)
+
+
+IDENTITY = _Identity()
+DENSE = _Dense()
+FACTORED = _Factored()
+
+
+def strategy_of(h: Any):
+  """The strategy a leaf's curvature state belongs to (None: identity)."""
+  if h is None:
+    return IDENTITY
+  if is_factored(h):
+    return FACTORED
+  return DENSE
+
+
+def init_tree(params: Any, *, factored: bool, min_dim_size_to_factor: int, dtype_of, init_value):
+  """The Hessian tree of ``params``: a factored leaf where HiZOO-L factors, else dense."""
+  return jax.tree.map(
+      lambda p: init_leaf(p, factored=factored, min_dim_size_to_factor=min_dim_size_to_factor,
+                          dtype=dtype_of(p), init_value=init_value),
+      params)
+
+
+def scales(hessian: Any, clip: tuple[float, float]) -> Any:
+  """``H^{-1/2}`` of every leaf, or None (MeZO: the identity)."""
+  if hessian is None:
+    return None
+  return jax.tree.map(lambda h: strategy_of(h).inv_sqrt(h, clip), hessian, is_leaf=is_factored)

@@ -5,16 +5,23 @@ Nothing here is ever stored in optimizer state. A step's noise is a pure functio
 the code (the estimator, the in-place train step, a debugging session) regenerates
 exactly the same ``z`` from the same key.
 
-Key schedule (public and stable; tests and the lean train step rely on it)::
+Key schedule (public and stable since 0.2.0; tests and the lean train step rely on it)::
 
     noise_key, next_state_key = jax.random.split(state_key)
     direction_key_j           = jax.random.fold_in(noise_key, j)
-    leaf keys                 = optax.tree_utils.tree_split_key_like(direction_key_j, params)
-    z_j[leaf]                 = sampler(leaf_key, leaf.shape, noise_dtype(leaf))
+    leaf_key_i                = direction_key_j with its last key word w replaced by
+                                mix32(w ^ mix32(i * 0x9E3779B9 + 1))     (i: leaf index)
+    z_j[leaf i]               = sampler.sample(leaf_key_i, leaf.shape, noise_dtype(leaf))
+
+Leaves are indexed in ``jax.tree.leaves`` order. Deriving a leaf's key is a handful of
+scalar integer operations, so a model with hundreds of tensors compiles its noise as fast
+as its own elementwise ops (0.1.0 split the direction key with ``tree_split_key_like``,
+whose per-leaf threefry calls dominated compile time at 200 tensors).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -22,42 +29,109 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax.tree_utils as otu
 
-Sampler = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+SamplerFn = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 
 
-def gaussian(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+class Sampler:
+  """A perturbation distribution: ``sample(key, shape, dtype) -> array``.
+
+  Attributes:
+    is_gaussian: whether the noise has the Gaussian fourth moment (``E z^4 = 3``) that
+      HiZOO's curvature estimate relies on. Non-Gaussian samplers (Rademacher) are fine for
+      SPSA/MeZO gradients and refused by :func:`hizoo_jax.scale_by_hizoo`.
+
+  A sampler is also callable as ``sampler(key, shape, dtype)``. Subclasses may implement
+  :meth:`rows`, a block of rows of the same noise, so that reductions over a leaf's noise
+  (HiZOO-L's row and column sums) run block by block without a leaf-sized temporary.
+  """
+
+  is_gaussian: bool = True
+
+  def sample(self, key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    raise NotImplementedError
+
+  def rows(
+      self, key: jax.Array, shape: tuple[int, ...], dtype: Any, start: Any, count: int
+  ) -> jax.Array | None:
+    """Rows ``[start, start + count)`` (axis -2) of ``sample(key, shape, dtype)``, or None
+    if this sampler cannot draw a block without drawing the whole leaf."""
+    del key, shape, dtype, start, count
+    return None
+
+  @property
+  def has_rows(self) -> bool:
+    return type(self).rows is not Sampler.rows
+
+  def __call__(self, key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32):
+    return self.sample(key, tuple(shape), dtype)
+
+
+class Gaussian(Sampler):
   """Exact standard normal noise, ``z ~ N(0, I)``, from ``jax.random.normal``.
 
   On XLA:CPU the threefry generator materialises its bits and its normals for every leaf
   and costs about 0.8 forward passes of a 12.6M-parameter MLP at 1024 rows per draw
-  (benchmarks/RESULTS.md); :func:`fast_gaussian`, the default, avoids both.
+  (benchmarks/RESULTS.md); :data:`fast_gaussian`, the default, avoids both.
   """
-  return jax.random.normal(key, shape, dtype)
+
+  def sample(self, key, shape, dtype):
+    return jax.random.normal(key, shape, dtype)
+
+  def __repr__(self):
+    return "hizoo_jax.gaussian"
 
 
-def rademacher(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+class Rademacher(Sampler):
   """Random signs, ``z in {-1, +1}``. Valid for SPSA/MeZO gradients only.
 
   Its fourth moment is 1, not 3, so the HiZOO curvature estimate built on
   ``E[z^2 z^2]`` is wrong with it; :func:`hizoo_jax.scale_by_hizoo` refuses it.
   """
-  return jax.random.rademacher(key, shape, jnp.int8).astype(dtype)
+
+  is_gaussian = False
+
+  def sample(self, key, shape, dtype):
+    return jax.random.rademacher(key, shape, jnp.int8).astype(dtype)
+
+  def __repr__(self):
+    return "hizoo_jax.rademacher"
 
 
-# Samplers whose fourth moment is not Gaussian. Users can mark their own sampler with
-# ``sampler.gaussian = False`` to get the same protection.
-rademacher.gaussian = False  # type: ignore[attr-defined]
-
-
-# fast_gaussian: z = A s + B s^3 with s = SCALE (b0 + b1 + b2 + b3 - 510) / 256 the
+# FastGaussian: z = A s + B s^3 with s = SCALE (b0 + b1 + b2 + b3 - 510) / 256 the
 # standardized sum of the four bytes of one 32-bit hash. A and B solve E z^2 = 1 and
 # E z^4 = 3 exactly for that discrete distribution (tests/test_sampling.py recomputes them).
 _FAST_A = 0.9490332780957843
 _FAST_B = 0.018642382500609324
 _FAST_SCALE = 1.7320640222190664
 _GOLDEN = 0x9E3779B9  # odd: idx * _GOLDEN is a bijection of the 32-bit counter
+
+
+def _six_bit_pieces(x: float, count: int = 4) -> tuple[float, ...]:
+  """``x`` as a sum of ``count`` floats of at most 6 significant bits each (24 in all)."""
+  pieces, rest = [], x
+  for _ in range(count):
+    if rest == 0:
+      pieces.append(0.0)
+      continue
+    exp = math.floor(math.log2(abs(rest))) - 5
+    piece = round(rest / 2.0**exp) * 2.0**exp
+    pieces.append(piece)
+    rest -= piece
+  return tuple(pieces)
+
+
+# The polynomial in the integer m = b0 + b1 + b2 + b3 - 510, |m| <= 510:
+#   z = m (a + b m^2),  a = A SCALE / 256,  b = B (SCALE / 256)^3,
+# evaluated in float32 so that it rounds the same way on every machine and in every XLA
+# program: m and m^2 (< 2^18) are exact, b is split into four 6-bit pieces so that each
+# product b_k m^2 is exact too, and a product that is exact rounds the same whether or not
+# the compiler contracts it with the following add into an FMA. The sums run in a fixed
+# order and the last product has no add to contract with. (A plain ``A s + B s^3`` differs
+# in its last bit between programs, e.g. between a sharded and a one-device step.)
+_FAST_C = _FAST_SCALE / 256.0
+_FAST_POLY_A = _FAST_A * _FAST_C
+_FAST_POLY_B = _six_bit_pieces(_FAST_B * _FAST_C**3)
 
 
 def _mix32(x: jax.Array) -> jax.Array:
@@ -87,16 +161,13 @@ def _flat_index(shape: tuple[int, ...], row_offset: Any = 0, rows: int | None = 
   return idx
 
 
-def _fast_values(key: jax.Array, idx: jax.Array, dtype: Any) -> jax.Array:
-  words = jax.random.key_data(key).reshape(-1)
-  h = _mix32((idx * jnp.uint32(_GOLDEN) + words[0]) ^ words[-1])
-  byte_sum = (h & 0xFF) + ((h >> 8) & 0xFF) + ((h >> 16) & 0xFF) + (h >> 24)
-  s = (byte_sum.astype(jnp.float32) - 510.0) * jnp.float32(_FAST_SCALE / 256.0)
-  return (s * (jnp.float32(_FAST_A) + jnp.float32(_FAST_B) * s * s)).astype(dtype)
+def _check_size(shape: tuple[int, ...]) -> None:
+  if math.prod(shape) >= 2**32:
+    raise ValueError(f"fast_gaussian: a leaf of shape {shape} has >= 2**32 elements")
 
 
-def fast_gaussian(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
-  """Fast noise with the Gaussian moments HiZOO relies on, for the lean train step.
+class FastGaussian(Sampler):
+  """Fast noise with the Gaussian moments HiZOO relies on (the default sampler).
 
   A counter-based generator: one 32-bit integer hash of (element index, key) per element,
   its four bytes summed (Irwin-Hall of 4) and mapped through ``A s + B s^3`` chosen so that
@@ -108,35 +179,64 @@ def fast_gaussian(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float
   and no intermediate array, so XLA fuses it into the elementwise pass that uses it, and
   each shard of a sharded leaf computes its own slice. Leaves must have < 2**32 elements.
   """
-  shape = tuple(shape)
-  if math.prod(shape) >= 2**32:
-    raise ValueError(f"fast_gaussian: a leaf of shape {shape} has >= 2**32 elements")
-  return _fast_values(key, _flat_index(shape), dtype)
+
+  def _values(self, key, idx, dtype):
+    words = jax.random.key_data(key).reshape(-1)
+    h = _mix32((idx * jnp.uint32(_GOLDEN) + words[0]) ^ words[-1])
+    byte_sum = (h & 0xFF) + ((h >> 8) & 0xFF) + ((h >> 16) & 0xFF) + (h >> 24)
+    m = byte_sum.astype(jnp.int32) - 510
+    mf = m.astype(jnp.float32)
+    m2 = (m * m).astype(jnp.float32)
+    poly = jnp.float32(_FAST_POLY_A)
+    for piece in _FAST_POLY_B:
+      poly = poly + jnp.float32(piece) * m2
+    return (mf * poly).astype(dtype)
+
+  def sample(self, key, shape, dtype):
+    shape = tuple(shape)
+    _check_size(shape)
+    return self._values(key, _flat_index(shape), dtype)
+
+  def rows(self, key, shape, dtype, start, count):
+    shape = tuple(shape)
+    _check_size(shape)
+    return self._values(key, _flat_index(shape, start, count), dtype)
+
+  def __repr__(self):
+    return "hizoo_jax.fast_gaussian"
 
 
-def _fast_gaussian_rows(
-    key: jax.Array, shape: tuple[int, ...], dtype: Any, start: Any, rows: int
-) -> jax.Array:
-  """Rows ``[start, start + rows)`` (axis -2) of ``fast_gaussian(key, shape, dtype)``."""
-  shape = tuple(shape)
-  if math.prod(shape) >= 2**32:
-    raise ValueError(f"fast_gaussian: a leaf of shape {shape} has >= 2**32 elements")
-  return _fast_values(key, _flat_index(shape, start, rows), dtype)
+@dataclasses.dataclass(frozen=True)
+class FunctionSampler(Sampler):
+  """A user function ``fn(key, shape, dtype) -> array`` as a :class:`Sampler`."""
+
+  fn: SamplerFn
+  is_gaussian: bool = True
+
+  def sample(self, key, shape, dtype):
+    return self.fn(key, shape, dtype)
 
 
-# Samplers may offer ``sampler.rows(key, shape, dtype, start, rows)``: a block of rows of
-# the same noise, so that reductions over a leaf's noise can run block by block.
-fast_gaussian.rows = _fast_gaussian_rows  # type: ignore[attr-defined]
-
-
+gaussian = Gaussian()
+rademacher = Rademacher()
+fast_gaussian = FastGaussian()
 DEFAULT_SAMPLER: Sampler = fast_gaussian
 
 
-def is_gaussian(sampler: Sampler) -> bool:
-  """Whether ``sampler`` may drive the Hessian estimate (Gaussian fourth moment)."""
-  if sampler is jax.random.rademacher:
-    return False
-  return bool(getattr(sampler, "gaussian", True))
+def as_sampler(sampler: Any) -> Sampler:
+  """``sampler`` as a :class:`Sampler`: the default for None, plain functions wrapped.
+
+  A plain function counts as Gaussian unless it is ``jax.random.rademacher`` or carries
+  ``gaussian = False``; its output must have the requested floating dtype.
+  """
+  if sampler is None:
+    return DEFAULT_SAMPLER
+  if isinstance(sampler, Sampler):
+    return sampler
+  if not callable(sampler):
+    raise TypeError(f"sampler must be callable as sampler(key, shape, dtype), got {sampler!r}")
+  gaussian_ = sampler is not jax.random.rademacher and bool(getattr(sampler, "gaussian", True))
+  return FunctionSampler(sampler, is_gaussian=gaussian_)
 
 
 def noise_dtype(dtype: Any) -> np.dtype:
@@ -159,23 +259,40 @@ def direction_key(noise_key: jax.Array, direction: jax.typing.ArrayLike) -> jax.
   return jax.random.fold_in(noise_key, direction)
 
 
+def leaf_key(dir_key: jax.Array, index: int) -> jax.Array:
+  """The key of leaf ``index`` (in ``jax.tree.leaves`` order) within one direction."""
+  data = jax.random.key_data(dir_key)
+  salt = _mix32(jnp.uint32((index * _GOLDEN + 1) % 2**32))
+  data = data.at[..., -1].set(_mix32(data[..., -1] ^ salt))
+  return jax.random.wrap_key_data(data, impl=jax.random.key_impl(dir_key))
+
+
 def leaf_keys(dir_key: jax.Array, params: Any) -> Any:
   """One key per leaf of ``params`` (a tree shaped like ``params``)."""
-  return otu.tree_split_key_like(dir_key, params)
+  leaves, treedef = jax.tree.flatten(params)
+  return treedef.unflatten([leaf_key(dir_key, i) for i in range(len(leaves))])
 
 
 def sample_leaf(sampler: Sampler, key: jax.Array, leaf: Any) -> jax.Array:
   """Draws the noise of one leaf, in :func:`noise_dtype` of the leaf."""
-  return sampler(key, tuple(leaf.shape), noise_dtype(leaf.dtype))
+  dtype, shape = noise_dtype(jnp.result_type(leaf)), tuple(jnp.shape(leaf))
+  z = jnp.asarray(sampler.sample(key, shape, dtype))
+  if not jnp.issubdtype(z.dtype, jnp.floating) or z.shape != shape:
+    raise TypeError(
+        f"sampler {sampler!r} returned {z.dtype}{list(z.shape)} for a request of "
+        f"{dtype}{list(shape)}: a sampler must return floating-point noise of the "
+        "requested shape (an integer array would perturb bf16/fp32 params by whole units or "
+        "round to 0)")
+  return z.astype(dtype)
 
 
 def leaf_rows(sampler: Sampler, key: jax.Array, leaf: Any):
   """``rows(start, count)`` drawing row blocks of the leaf's noise, or None if the sampler
-  cannot (it has no ``rows`` method)."""
-  rows = getattr(sampler, "rows", None)
-  if rows is None:
+  cannot."""
+  if not sampler.has_rows:
     return None
-  return lambda start, count: rows(key, tuple(leaf.shape), noise_dtype(leaf.dtype), start, count)
+  dtype = noise_dtype(jnp.result_type(leaf))
+  return lambda start, count: sampler.rows(key, tuple(jnp.shape(leaf)), dtype, start, count)
 
 
 def tie(key: jax.Array, *after: Any) -> jax.Array:
@@ -195,7 +312,8 @@ def tie(key: jax.Array, *after: Any) -> jax.Array:
 
 
 def direction_noise(
-    noise_key: jax.Array, direction: jax.typing.ArrayLike, params: Any, sampler: Sampler = gaussian
+    noise_key: jax.Array, direction: jax.typing.ArrayLike, params: Any,
+    sampler: Any = DEFAULT_SAMPLER,
 ) -> Any:
   """The full noise tree ``z_j`` of one direction (materialises every leaf).
 
@@ -205,7 +323,9 @@ def direction_noise(
   return leaf_noise(direction_key(noise_key, direction), params, sampler)
 
 
-def leaf_noise(dir_key: jax.Array, params: Any, sampler: Sampler = gaussian) -> Any:
+def leaf_noise(dir_key: jax.Array, params: Any, sampler: Any = DEFAULT_SAMPLER) -> Any:
   """The noise tree of the direction whose key is ``dir_key``."""
-  keys = leaf_keys(dir_key, params)
-  return jax.tree.map(lambda k, p: sample_leaf(sampler, k, p), keys, params)
+  sampler = as_sampler(sampler)
+  leaves, treedef = jax.tree.flatten(params)
+  return treedef.unflatten(
+      [sample_leaf(sampler, leaf_key(dir_key, i), p) for i, p in enumerate(leaves)])

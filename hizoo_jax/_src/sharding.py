@@ -19,7 +19,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from hizoo_jax._src import hessian as hess
+from hizoo_jax._src import curvature as hess
 
 
 def _as_tree(param_shardings: Any, params: Any) -> Any:

@@ -55,12 +55,34 @@ OPTIMIZERS = {
 }
 
 
+def sharded_tolerance(name):
+  """How far a sharded run may drift from the single-device one, from the arithmetic.
+
+  Sharded losses (data parallel or FSDP) sum in another order: each loss differs by
+  ~n eps |l| (n ~ 512 terms, eps = 2.2e-16, |l| ~ 1): ~1e-13. MeZO's estimate divides l+ - l- (~1e-4 here) by 2 mu:
+  relative error ~1e-9 per step. HiZOO also divides the second difference l+ + l- - 2 l0
+  by 2 mu^2; that difference is ~2e-5 on this problem (c ~ 10, mu = 1e-3), so c, and the
+  whole of H through the EMA, moves by ~1e-13 / 2e-5 = 5e-9 relative per step (measured:
+  3.5e-9 after 4 steps), and a parameter whose value is a sum of updates of either sign
+  may lose up to ~100x of that relative to its size: an absolute floor of 1e-9 (x lr 1e-2
+  x |g| ~ 1e-7 absolute after 4 steps is the size of what differs).
+  """
+  if name == "mezo":
+    return dict(rtol=1e-9, atol=1e-12)
+  return dict(rtol=5e-7, atol=1e-9)
+
+
 def fsdp_shardings(params, mesh, axis="fsdp"):
   """2-D leaves split on their first dim; 1-D leaves split if divisible, else replicated."""
   n = mesh.shape[axis]
   def spec(x):
     return NamedSharding(mesh, P(axis) if x.shape[0] % n == 0 else P())
   return jax.tree.map(spec, params)
+
+
+ENGINES = {"lean": dict(lean=True, executables="several"), "one": dict(executables="one"),
+           "plain": dict(lean=False), True: dict(lean=True, executables="several"),
+           False: dict(lean=False)}
 
 
 def run(make, steps, *, params_sh=None, batch_sh=None, lean=True):
@@ -70,8 +92,8 @@ def run(make, steps, *, params_sh=None, batch_sh=None, lean=True):
   if params_sh is not None:
     params = jax.device_put(params, params_sh)
     state = jax.device_put(state, hz.state_shardings(state, params, params_sh))
-  step = hz.make_train_step(tx, loss_fn, lean=lean, param_shardings=params_sh,
-                            batch_sharding=batch_sh)
+  step = hz.make_train_step(tx, loss_fn, param_shardings=params_sh,
+                            batch_sharding=batch_sh, **ENGINES[lean])
   for _ in range(steps):
     params, state, loss = step(params, state, X, Y)
   return params, state, step
@@ -82,27 +104,27 @@ def single_device():
   return {name: run(make, 4)[:2] for name, make in OPTIMIZERS.items()}
 
 
-@pytest.mark.parametrize("lean", [True, False], ids=["lean", "plain"])
+@pytest.mark.parametrize("lean", ["lean", "one", "plain"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_data_parallel_equals_one_device_and_only_scalars_cross(name, lean, single_device):
   mesh = Mesh(np.array(jax.devices()), ("data",))
   replicated = NamedSharding(mesh, P())
   params, state, step = run(OPTIMIZERS[name], 4, params_sh=replicated,
                             batch_sh=NamedSharding(mesh, P("data")), lean=lean)
-  chex.assert_trees_all_close((params, state), single_device[name], rtol=1e-9, atol=1e-12)
+  chex.assert_trees_all_close((params, state), single_device[name], **sharded_tolerance(name))
   assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves((params, state)))
   # the compiled programs exchange scalars only (the losses)
   x = jax.device_put(X, NamedSharding(mesh, P("data")))
   y = jax.device_put(Y, NamedSharding(mesh, P("data")))
   z = jax.device_put(jnp.zeros(()), replicated)
-  if lean:
+  if lean == "lean":
     ex = step.executables(params, state)
     lowered = [ex.fwd.lower(params, x, y), ex.fwd0.lower(params, state, x, y),
                ex.perturb_inplace.lower(params, state, 1.0),
-               ex.update_params.lower(params, state, z, z, z, True),
+               ex.update_params.lower(params, state, z, z, z),
                ex.update_state.lower(state, params, z, z, z)]
   else:
-    lowered = [step.executable(params, state).lower(params, state, x, y)]
+    lowered = [step.executables(params, state).lower(params, state, x, y)]
   sizes = [c for lo in lowered for c in collective_sizes(lo.compile().as_text())]
   assert sizes, "the loss must be all-reduced across the data axis"
   assert max(n for _, n in sizes) == 1, sizes  # every operand a scalar
@@ -114,7 +136,7 @@ def test_fsdp_equals_one_device_and_keeps_shardings(name, lean, single_device):
   mesh = Mesh(np.array(jax.devices()), ("fsdp",))
   params_sh = fsdp_shardings(mlp(SIZES), mesh)
   params, state, _ = run(OPTIMIZERS[name], 4, params_sh=params_sh, lean=lean)
-  chex.assert_trees_all_close((params, state), single_device[name], rtol=1e-9, atol=1e-12)
+  chex.assert_trees_all_close((params, state), single_device[name], **sharded_tolerance(name))
   for p, s in zip(jax.tree.leaves(params), jax.tree.leaves(params_sh), strict=True):
     assert p.sharding.is_equivalent_to(s, p.ndim)
   h = otu.tree_get(state, "hessian")
@@ -137,10 +159,11 @@ def test_fsdp_noise_is_drawn_per_shard(name):
   params_sh = fsdp_shardings(params, mesh)
   params = jax.device_put(params, params_sh)
   state = jax.device_put(tx.init(params), hz.state_shardings(tx.init(params), params, params_sh))
-  ex = hz.make_train_step(tx, loss_fn, param_shardings=params_sh).executables(params, state)
+  ex = hz.make_train_step(tx, loss_fn, param_shardings=params_sh,
+                          executables="several").executables(params, state)
   z = jnp.zeros(())
   passes = {"perturb": ex.perturb_inplace.lower(params, state, 1.0),
-            "update_params": ex.update_params.lower(params, state, z, z, z, True),
+            "update_params": ex.update_params.lower(params, state, z, z, z),
             "update_state": ex.update_state.lower(state, params, z, z, z)}
   for pass_name, lo in passes.items():
     text = lo.compile().as_text()
@@ -163,11 +186,12 @@ def test_fsdp_per_device_memory_is_the_single_device_figure_over_8():
     tx = make()
     p1 = mlp(big)
     s1 = tx.init(p1)
-    e1 = hz.make_train_step(tx, loss_fn).executables(p1, s1)
+    e1 = hz.make_train_step(tx, loss_fn, executables="several").executables(p1, s1)
     sh = fsdp_shardings(p1, mesh)
     p8 = jax.device_put(p1, sh)
     s8 = jax.device_put(s1, hz.state_shardings(s1, p1, sh))
-    e8 = hz.make_train_step(tx, loss_fn, param_shardings=sh).executables(p8, s8)
+    e8 = hz.make_train_step(tx, loss_fn, param_shardings=sh,
+                            executables="several").executables(p8, s8)
 
     def peak(ex, p, s):
       m = ex.update_state.lower(s, p, 0.0, 0.0, 0.0).compile().memory_analysis()
@@ -184,4 +208,4 @@ def test_two_dimensional_mesh_data_and_fsdp(single_device):
   params_sh = fsdp_shardings(mlp(SIZES), mesh)
   params, state, _ = run(OPTIMIZERS["hizoo"], 4, params_sh=params_sh,
                          batch_sh=NamedSharding(mesh, P("data")))
-  chex.assert_trees_all_close((params, state), single_device["hizoo"], rtol=1e-9, atol=1e-12)
+  chex.assert_trees_all_close((params, state), single_device["hizoo"], **sharded_tolerance("hizoo"))

@@ -1,0 +1,208 @@
+"""Configuration of a zeroth-order transform: the static spec and the argument checks.
+
+Every check names the argument it refuses. Values that are concrete when the transform is
+built are checked there; values that arrive traced (``optax.inject_hyperparams``, a
+schedule) cannot raise under ``jit`` and are sanitised where they are used instead (see
+:func:`hizoo_jax._src.estimator.sanitize_mu` and ``sanitize_alpha``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hizoo_jax._src import curvature, sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class ZOSpec:
+  """The static part of a zeroth-order transform: everything but the traced numbers.
+
+  Attributes:
+    hizoo: whether the transform keeps a Hessian (measures ``l0``); False is MeZO.
+    sampler: the :class:`hizoo_jax.Sampler` the noise is drawn from.
+    key_impl: the PRNG implementation name of the state's key.
+    estimator: ``"paper"`` or ``"unbiased"`` (HiZOO only).
+    factored: HiZOO-L: factor large matrix leaves.
+    hessian_dtype: storage dtype of ``H`` (None: at least float32).
+    hessian_clip: ``(lo, hi)`` bounds of ``H``.
+
+  The numeric options (``mu``, ``hessian_smoothing``, ``curvature_floor``, ...) are not
+  part of the spec: ``optax.inject_hyperparams`` may pass them traced.
+  """
+
+  hizoo: bool
+  sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
+  key_impl: str = "threefry2x32"
+  estimator: str = "paper"
+  factored: bool = False
+  hessian_dtype: Any = None
+  hessian_clip: tuple[float, float] = (1e-8, 1e8)
+
+  def hessian_leaf_dtype(self, leaf: Any) -> np.dtype:
+    if self.hessian_dtype is not None:
+      return jnp.dtype(self.hessian_dtype)
+    return sampling.noise_dtype(jnp.result_type(leaf))
+
+
+def concrete(x: Any) -> np.ndarray | None:
+  """``x`` as a NumPy value, or None when it is traced (e.g. under inject_hyperparams)."""
+  if isinstance(x, jax.core.Tracer):
+    return None
+  try:
+    return np.asarray(x)
+  except Exception:  # noqa: BLE001 - anything that is not array-like
+    return None
+
+
+def check_positive(name: str, value: Any) -> None:
+  v = concrete(value)
+  if v is None:
+    return
+  if v.ndim != 0 or not np.issubdtype(v.dtype, np.number):
+    raise TypeError(f"{name} must be a scalar number, got {value!r}")
+  if not np.isfinite(v) or v <= 0:
+    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def check_unit_interval(name: str, value: Any) -> None:
+  if callable(value):
+    return  # a schedule: clamped into [0, 1] where it is evaluated
+  v = concrete(value)
+  if v is None:
+    return
+  if v.ndim != 0 or not np.issubdtype(v.dtype, np.number):
+    raise TypeError(f"{name} must be a float in [0, 1] or a schedule, got {value!r}")
+  if not 0.0 <= v <= 1.0:
+    raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+
+
+def check_int(name: str, value: Any, minimum: int) -> int | None:
+  """A concrete int >= minimum, or None when traced."""
+  v = concrete(value)
+  if v is None:
+    return None
+  if v.ndim != 0 or not (np.issubdtype(v.dtype, np.integer) or v.dtype == np.bool_):
+    if not (np.issubdtype(v.dtype, np.floating) and v.ndim == 0 and float(v).is_integer()):
+      raise TypeError(f"{name} must be an integer, got {value!r}")
+  if int(v) < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+  return int(v)
+
+
+def check_sampler(sampler: Any, *, needs_gaussian: bool) -> sampling.Sampler:
+  sampler = sampling.as_sampler(sampler)
+  if needs_gaussian and not sampler.is_gaussian:
+    raise ValueError(
+        "sampler: the HiZOO curvature estimate needs Gaussian noise (E z^4 = 3); a "
+        f"Rademacher/non-Gaussian sampler ({sampler!r}) makes the Hessian estimate wrong. "
+        "Use hz.fast_gaussian (the default) or hz.gaussian, or scale_by_zo/mezo, which "
+        "accept Rademacher noise."
+    )
+  return sampler
+
+
+def key_impl_of(seed: Any) -> str:
+  if isinstance(seed, jax.Array) and jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
+    return str(jax.random.key_impl(seed))
+  return str(jax.config.jax_default_prng_impl)
+
+
+def check_seed(seed: Any) -> None:
+  """Refuses a seed that cannot become a key, naming ``seed`` (concrete seeds only)."""
+  if isinstance(seed, jax.Array) and jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
+    return
+  if isinstance(seed, bool):
+    raise TypeError(f"seed must be an int or a PRNG key, got {seed!r}")
+  if isinstance(seed, int | np.integer):
+    if not -(2**63) <= int(seed) < 2**64:
+      raise ValueError(f"seed must fit in 64 bits, got {seed!r}")
+    seed_to_key_data(seed, key_impl_of(seed))  # the impl-specific range, named
+    return
+  v = concrete(seed)
+  if v is None:
+    return
+  if v.ndim == 0 and not np.issubdtype(v.dtype, np.integer):
+    raise TypeError(f"seed must be an int or a PRNG key, got {seed!r}")
+  if v.ndim > 0 and v.dtype != np.uint32:
+    raise TypeError(f"seed must be an int or a PRNG key (raw key data is uint32), got {seed!r}")
+
+
+def seed_to_key_data(seed: Any, impl: str) -> jax.Array:
+  """Raw key data from an int seed, a typed key or raw key data."""
+  if isinstance(seed, jax.Array) and jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
+    return jax.random.key_data(seed)
+  if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+    s = int(seed)
+    if -(2**31) <= s < 2**31:
+      return jax.random.key_data(jax.random.key(s, impl=impl))
+    if impl == "threefry2x32" and -(2**63) <= s < 2**64:
+      # What jax.random.key(s) gives with jax_enable_x64: the two 32-bit halves. Without
+      # x64, jax.random.key would silently drop the high half (2**40 -> the key of 0).
+      s %= 2**64
+      return jnp.asarray([s >> 32, s & 0xFFFFFFFF], jnp.uint32)
+    raise ValueError(
+        f"seed {seed!r} does not fit the {impl} key's int32 seed; pass a smaller int or a "
+        "jax.random.key")
+  arr = jnp.asarray(seed)  # may be traced (e.g. an injected hyperparameter)
+  if arr.ndim == 0:
+    if not jnp.issubdtype(arr.dtype, jnp.integer):
+      raise TypeError(f"seed must be an int or a PRNG key, got {seed!r}")
+    return jax.random.key_data(jax.random.key(arr, impl=impl))
+  if arr.dtype != jnp.uint32:
+    raise TypeError(f"seed must be an int or a PRNG key, got {seed!r}")
+  return arr
+
+
+def as_typed_key(key: Any, impl: str) -> jax.Array:
+  if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return key
+  key = jnp.asarray(key)
+  if key.dtype != jnp.uint32:
+    raise TypeError(f"key must be a PRNG key (jax.random.key or PRNGKey), got dtype {key.dtype}")
+  return jax.random.wrap_key_data(key, impl=impl)
+
+
+def check_params(params: Any) -> None:
+  if params is None:
+    raise ValueError("params must be given to init/update of a zeroth-order transform")
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    dtype = jnp.result_type(leaf)
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise TypeError(
+          f"params leaf {jax.tree_util.keystr(path)} has dtype {dtype}; zeroth-order "
+          "transforms perturb floating-point params only. Pass the trainable params alone "
+          "and close over the rest in value_fn (or freeze them with optax.masked)."
+      )
+
+
+def check_hizoo_options(spec: ZOSpec, hessian_smoothing: Any, hessian_init: Any,
+                        min_dim_size_to_factor: Any, curvature_floor: Any) -> None:
+  check_unit_interval("hessian_smoothing", hessian_smoothing)
+  check_positive("hessian_init", hessian_init)
+  if spec.estimator not in curvature.ESTIMATORS:
+    raise ValueError(f"estimator must be one of {curvature.ESTIMATORS}, got {spec.estimator!r}")
+  clip = spec.hessian_clip
+  if (
+      not isinstance(clip, tuple | list)
+      or len(clip) != 2
+      or not all(isinstance(c, int | float) for c in clip)
+  ):
+    raise TypeError(f"hessian_clip must be a (lo, hi) pair of floats, got {clip!r}")
+  if not (0 < clip[0] <= clip[1] < np.inf):
+    raise ValueError(f"hessian_clip must satisfy 0 < lo <= hi < inf, got {clip!r}")
+  if spec.hessian_dtype is not None:
+    try:
+      dt = jnp.dtype(spec.hessian_dtype)
+    except TypeError as e:
+      raise TypeError(f"hessian_dtype must be a float dtype, got {spec.hessian_dtype!r}") from e
+    if not jnp.issubdtype(dt, jnp.floating):
+      raise TypeError(f"hessian_dtype must be a float dtype, got {spec.hessian_dtype!r}")
+  check_int("min_dim_size_to_factor", min_dim_size_to_factor, 1)
+  floor = concrete(curvature_floor)
+  if floor is not None and (floor.ndim != 0 or not np.isfinite(floor) or floor < 0):
+    raise ValueError(f"curvature_floor must be a finite number >= 0, got {curvature_floor!r}")
