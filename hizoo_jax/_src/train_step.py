@@ -128,7 +128,8 @@ class _Located:
   def perturb(self, params, coef):
     """``params`` with the selected leaves moved by ``coef * mu * H^{-1/2} z``."""
     st = self.state
-    noise_key, _ = sampling.split_state_key(jax.random.wrap_key_data(st.key, impl=self.spec.key_impl))
+    key = jax.random.wrap_key_data(st.key, impl=self.spec.key_impl)
+    noise_key, _ = sampling.split_state_key(key)
     dkey = sampling.direction_key(noise_key, 0)
     hessian = st.hessian if self.spec.hizoo else None
     step = jnp.asarray(coef, st.mu.dtype) * st.mu
