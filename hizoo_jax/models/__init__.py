@@ -12,7 +12,7 @@ orbax-checkpoint). Submodules:
 * :mod:`~hizoo_jax.models.data`: GLUE SST-2 TSV reader and prompt encoding.
 """
 
-from hizoo_jax.models import bert, checkpoint, data, heads, llama, peft
+from hizoo_jax.models import bert, checkpoint, data, heads, linen, llama, peft
 from hizoo_jax.models._layers import PrefixKV, PrefixParam
 from hizoo_jax.models.heads import HeadParam, LabelWordClassifier, SequenceClassifier
 
@@ -26,6 +26,7 @@ __all__ = [
     "checkpoint",
     "data",
     "heads",
+    "linen",
     "llama",
     "peft",
 ]
