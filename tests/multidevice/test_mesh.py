@@ -60,8 +60,8 @@ def sharded_tolerance(name):
 
   Sharded losses (data parallel or FSDP) sum in another order: each loss differs by
   ~n eps |l| (n ~ 512 terms, eps = 2.2e-16, |l| ~ 1): ~1e-13. MeZO's estimate divides
-  l+ - l- (~1e-4 here) by 2 mu: relative error ~1e-9 per step. HiZOO also divides the second difference l+ + l- - 2 l0
-  by 2 mu^2; that difference is ~2e-5 on this problem (c ~ 10, mu = 1e-3), so c, and the
+  l+ - l- (~1e-4 here) by 2 mu: relative error ~1e-9 per step. HiZOO also divides the
+  second difference l+ + l- - 2 l0 by 2 mu^2; that difference is ~2e-5 on this problem (c ~ 10, mu = 1e-3), so c, and the
   whole of H through the EMA, moves by ~1e-13 / 2e-5 = 5e-9 relative per step (measured:
   3.5e-9 after 4 steps), and a parameter whose value is a sum of updates of either sign
   may lose up to ~100x of that relative to its size: an absolute floor of 1e-9 (x lr 1e-2
