@@ -59,13 +59,13 @@ def sharded_tolerance(name):
   """How far a sharded run may drift from the single-device one, from the arithmetic.
 
   Sharded losses (data parallel or FSDP) sum in another order: each loss differs by
-  ~n eps |l| (n ~ 512 terms, eps = 2.2e-16, |l| ~ 1): ~1e-13. MeZO's estimate divides
-  l+ - l- (~1e-4 here) by 2 mu: relative error ~1e-9 per step. HiZOO also divides the
-  second difference l+ + l- - 2 l0 by 2 mu^2; that difference is ~2e-5 on this problem (c ~ 10, mu = 1e-3), so c, and the
-  whole of H through the EMA, moves by ~1e-13 / 2e-5 = 5e-9 relative per step (measured:
-  3.5e-9 after 4 steps), and a parameter whose value is a sum of updates of either sign
-  may lose up to ~100x of that relative to its size: an absolute floor of 1e-9 (x lr 1e-2
-  x |g| ~ 1e-7 absolute after 4 steps is the size of what differs).
+  ~n eps |l| (n ~ 512 terms, eps = 2.2e-16, |l| ~ 1): ~1e-13. MeZO divides l+ - l-
+  by 2 mu: ~1e-10 absolute in its projection, ~1e-9 relative to it per step. HiZOO also
+  divides the second difference l+ + l- - 2 l0 (~2e-5 on this problem: c ~ 10,
+  mu = 1e-3) by 2 mu^2, so c, and all of H through the EMA, moves by ~1e-13 / 2e-5 =
+  5e-9 relative per step (measured: 3.5e-9 after 4 steps). A parameter that is a sum of
+  updates of either sign can lose ~100x of that relative to its own size, hence the
+  absolute floor (the updates are ~lr |g| ~ 1e-4; 1e-9 is ~1e-5 of one).
   """
   if name == "mezo":
     return dict(rtol=1e-9, atol=1e-12)
