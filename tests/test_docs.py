@@ -155,8 +155,12 @@ def test_every_public_name_has_an_api_page():
   assert all(getattr(presets, n).__doc__ for n in dir(presets)
              if not n.startswith("_") and callable(getattr(presets, n))
              and getattr(getattr(presets, n), "__module__", "") == presets.__name__)
+  import hizoo_jax.models as hm
+
   models = _page("api/models.md")
-  for sub in ("bert", "llama", "heads", "peft", "checkpoint", "data"):
+  subs = [n for n in hm.__all__ if type(getattr(hm, n)).__name__ == "module"]
+  assert len(subs) >= 6, subs
+  for sub in subs:
     assert f"models/{sub}" in models
     assert f".. automodule:: hizoo_jax.models.{sub}\n   :members:" in _page(f"api/models/{sub}.md")
   for name in ("PrefixParam", "PrefixKV"):
