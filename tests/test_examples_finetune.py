@@ -198,3 +198,24 @@ def test_minilm_page_divergence_table_is_the_saved_results():
       assert h == pytest.approx([1e8] * 3)
     else:
       assert cells[5] == f"{min(h):.1f}–{max(h):.1f}", (prefix, cells[5])
+
+
+SST2 = os.path.join(ROOT, "..", "shared", "data", "sst2")
+
+
+@pytest.mark.slow
+@requires_minilm
+@pytest.mark.skipif(not os.path.isfile(os.path.join(SST2, "train.tsv")),
+                    reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
+def test_finetune_minilm_k_shot_sst2_from_a_linear_probe(tmp_path):
+  """--data SST-2 --k-shot 16: the head starts as a linear probe (l2 picked on the k-shot
+  validation split), so the first training losses are well below chance's ln 2."""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--k-shot", "16", "--optimizer",
+                    "mezo", "--out", str(tmp_path))
+  assert "16 per class by seed" in out and "head_init=lp" in out
+  assert "linear-probe head, l2=" in out
+  res = check_outputs(str(tmp_path), ["mezo"])
+  (run,) = res["runs"]["mezo"]
+  assert run["probe"]["l2"] in (1e-4, 1e-3, 1e-2, 1e-1)
+  assert 0.0 <= run["probe"]["val_accuracy"] <= 1.0
+  assert max(run["losses"]) < np.log(2)

@@ -192,3 +192,100 @@ def test_batch_indices_are_seeded_epochs():
   assert not np.array_equal(data.batch_indices(n, bs, 7, 0), data.batch_indices(n, bs, 7, 3))
   with pytest.raises(ValueError, match="batch_size"):
     data.batch_indices(n, 11, 0, 0)
+
+
+# ----------------------------------------------------------------------------------------
+# Linear-probe initialisation and the k-shot protocol.
+
+SST2 = os.path.join(ROOT, "..", "shared", "data", "sst2")
+requires_sst2 = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(SST2, "train.tsv")),
+    reason="needs GLUE SST-2 at ../shared/data/sst2 (train.tsv, dev.tsv) next to the repo")
+
+
+def _probe_objective(x, y, w, b, l2):
+  logits = x @ w + b
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  return -logp[np.arange(len(y)), y].mean() + 0.5 * l2 * np.sum(w * w)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_linear_probe_is_the_regularised_optimum(k):
+  rng = np.random.default_rng(k)
+  x = rng.standard_normal((120, 6))
+  y = np.argmax(x[:, :k] + 0.5 * rng.standard_normal((120, k)), axis=1)
+  l2 = 1e-2
+  w, b = heads.linear_probe(x, y, k, l2=l2)
+  assert w.shape == (6, k) and b.shape == (k,) and w.dtype == jnp.float32
+  w, b = np.asarray(w, np.float64), np.asarray(b, np.float64)
+  # optimal: the gradient of the objective vanishes (central differences, float64)
+  f = lambda ww, bb: _probe_objective(x, y, ww, bb, l2)  # noqa: E731
+  eps = 1e-5
+  for idx in np.ndindex(w.shape):
+    e = np.zeros_like(w)
+    e[idx] = eps
+    assert abs(f(w + e, b) - f(w - e, b)) / (2 * eps) < 1e-5
+  for c in range(k):
+    e = np.zeros(k)
+    e[c] = eps
+    assert abs(f(w, b + e) - f(w, b - e)) / (2 * eps) < 1e-5
+  assert np.mean(np.argmax(x @ w + b, 1) == y) > 0.6
+  # a stronger ridge shrinks the weights
+  w_big, _ = heads.linear_probe(x, y, k, l2=10.0)
+  assert np.linalg.norm(w_big) < np.linalg.norm(w)
+  with pytest.raises(ValueError, match="l2"):
+    heads.linear_probe(x, y, k, l2=0.0)
+  with pytest.raises(ValueError, match="features"):
+    heads.linear_probe(x[0], y, k)
+
+
+def test_init_linear_probe_writes_the_head(tiny_bert):
+  rng = np.random.default_rng(1)
+  ids = jnp.asarray(rng.integers(5, 120, (24, 6)))
+  am = jnp.ones((24, 6), jnp.int32)
+  clf = heads.SequenceClassifier(tiny_bert, 32, 2)
+  feats = heads.pooled_features(clf, ids, am, batch_size=10)  # uneven last batch
+  np.testing.assert_allclose(feats, heads.mean_pool(tiny_bert(ids, am), am), rtol=1e-5,
+                             atol=1e-6)
+  labels = (np.asarray(feats)[:, 0] > np.median(np.asarray(feats)[:, 0])).astype(np.int32)
+  stats = heads.init_linear_probe(clf, ids, am, labels, l2=1e-3)
+  w, b = heads.linear_probe(feats, labels, 2, l2=1e-3)
+  np.testing.assert_allclose(clf.kernel[...], w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(clf.bias[...], b, rtol=1e-5, atol=1e-6)
+  logits = clf(ids, am)
+  assert stats["train_accuracy"] == pytest.approx(float(heads.accuracy(logits, labels)))
+  assert stats["train_accuracy"] >= 0.9  # linearly separable by construction
+  assert stats["train_ce"] < np.log(2)  # better than the zero head's chance
+  with pytest.raises(TypeError, match="SequenceClassifier"):
+    heads.pooled_features(heads.LabelWordClassifier(tiny_bert, [1, 2], mask_token_id=4), ids, am)
+
+
+def test_k_shot_split_is_balanced_disjoint_and_seeded():
+  labels = np.repeat([0, 1, 2], [50, 30, 40])
+  tr, va = data.k_shot_split(labels, 8, seed=3)
+  assert np.bincount(labels[tr]).tolist() == [8, 8, 8]
+  assert np.bincount(labels[va]).tolist() == [8, 8, 8]
+  assert not set(tr) & set(va) and list(tr) == sorted(tr)
+  tr2, va2 = data.k_shot_split(labels, 8, seed=3)
+  np.testing.assert_array_equal(tr, tr2)
+  np.testing.assert_array_equal(va, va2)
+  assert set(data.k_shot_split(labels, 8, seed=4)[0]) != set(tr)
+  tr3, va3 = data.k_shot_split(labels, 10, seed=3, val_per_class=0)
+  assert len(tr3) == 30 and len(va3) == 0
+  with pytest.raises(ValueError, match="class 1 has 30"):
+    data.k_shot_split(labels, 20, seed=0)
+
+
+@requires_sst2
+def test_k_shot_split_of_sst2():
+  """MeZO's k-shot protocol on the real GLUE SST-2 train set (67,349 sentences)."""
+  sets = data.load_sst2(SST2)
+  sents, labels = sets["train"]
+  assert len(labels) == 67349 and len(sets["dev"][1]) == 872
+  tr, va = data.k_shot_split(labels, 16, seed=0)
+  assert np.bincount(labels[tr]).tolist() == [16, 16]
+  assert np.bincount(labels[va]).tolist() == [16, 16]
+  assert not set(tr) & set(va)
+  # the study's k = 512 split: 1024 train, 256 validation sentences
+  tr, va = data.k_shot_split(labels, 512, seed=0, val_per_class=128)
+  assert len(tr) == 1024 and len(va) == 256

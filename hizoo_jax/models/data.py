@@ -6,6 +6,8 @@
   prompt template appended (``"<sentence> It was [MASK]."``), truncating the sentence,
   never the template.
 * :func:`batch_indices` gives minibatch ``step`` of a seeded shuffle (resumable).
+* :func:`k_shot_split` samples MeZO's k-shot protocol from a training set: ``k`` examples
+  per class for training and a disjoint, class-balanced validation split, by seed.
 """
 
 from __future__ import annotations
@@ -122,3 +124,37 @@ def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> n
   epoch, k = divmod(int(step), per_epoch)
   perm = np.random.default_rng([int(seed), epoch]).permutation(num_examples)
   return perm[k * batch_size : (k + 1) * batch_size]
+
+
+def k_shot_split(labels: Sequence[int] | np.ndarray, k: int, seed: int, *,
+                 val_per_class: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Indices of a k-shot training set and a disjoint validation set, sampled by ``seed``.
+
+  MeZO's (and LM-BFF's) few-shot protocol: ``k`` examples of each class are drawn without
+  replacement from the full training set for training, ``val_per_class`` (default ``k``)
+  more of each class for model selection, and the official dev set serves as the test set.
+  The draw is a pure function of ``(labels, k, seed, val_per_class)``.
+
+  Args:
+    labels: the class of every training example.
+    k: training examples per class.
+    seed: the sampling seed.
+    val_per_class: validation examples per class (default ``k``; 0 for none).
+
+  Returns:
+    ``(train_idx, val_idx)``, each sorted, int64.
+  """
+  y = np.asarray(labels)
+  v = k if val_per_class is None else int(val_per_class)
+  if k < 1 or v < 0:
+    raise ValueError(f"k_shot_split: need k >= 1 and val_per_class >= 0, got {k}, {v}")
+  rng = np.random.default_rng([int(seed), 0x5EED])
+  train, val = [], []
+  for c in np.unique(y):
+    pool = np.flatnonzero(y == c)
+    if len(pool) < k + v:
+      raise ValueError(f"k_shot_split: class {c} has {len(pool)} examples, need {k + v}")
+    pick = rng.permutation(pool)[: k + v]
+    train.append(pick[:k])
+    val.append(pick[k:])
+  return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
