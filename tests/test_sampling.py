@@ -32,6 +32,15 @@ def test_fast_gaussian_moments_are_exactly_gaussian_through_the_fourth():
   assert moment(4) == pytest.approx(3.0, abs=1e-11)
   assert 14.0 < moment(6) < 15.0  # a normal has 15
   assert np.max(np.abs(z)) < 4.1
+  # the float32 values the generator actually produces, all 1021 of them
+  m = (np.arange(1021) - 510).astype(np.float32)
+  poly = np.float32(sampling._FAST_POLY_A)
+  for piece in sampling._FAST_POLY_B:
+    poly = poly + np.float32(piece) * (m * m)
+  z32 = (m * poly).astype(np.float64)
+  np.testing.assert_allclose(z32, z, rtol=1e-6, atol=1e-7)
+  assert float(np.sum(pmf * z32**2)) == pytest.approx(1.0, abs=2e-6)
+  assert float(np.sum(pmf * z32**4)) == pytest.approx(3.0, abs=1e-5)
 
 
 def test_fast_gaussian_matches_its_own_pmf_and_float_math():

@@ -79,9 +79,10 @@ def perturb(spec: ZOSpec, params: Any, hessian: Any, dir_key: jax.Array, step: j
   """
   leaves, treedef = jax.tree.flatten(params)
   h_leaves = [None] * len(leaves) if hessian is None else treedef.flatten_up_to(hessian)
+  words = sampling.DirectionWords(dir_key, len(leaves))
   out = []
   for i, (p, h) in enumerate(zip(leaves, h_leaves, strict=True)):
-    z = sampling.sample_leaf(spec.sampler, sampling.leaf_key(dir_key, i), p)
+    z = words.noise(spec.sampler, i, p)
     delta = step.astype(z.dtype) * z
     s = curv.strategy_of(h).inv_sqrt(h, spec.hessian_clip)
     if s is not None:
@@ -155,16 +156,19 @@ def estimate(
     # it), so neither its estimate nor its noise is materialised and at most one leaf's
     # temporaries are alive.
     new_h, new_g, last = [], [], None
+    words = sampling.DirectionWords(dkey, len(leaves))
     for i, (p, h, g) in enumerate(zip(leaves, h_leaves, g_leaves, strict=True)):
-      key_i = sampling.leaf_key(dkey, i)
 
-      def zfn(after=(), key_i=key_i, p=p):
-        return sampling.sample_leaf(spec.sampler, sampling.tie(key_i, after), p)
+      def zfn(after=(), i=i, p=p):
+        if not jax.tree.leaves(after):
+          return words.noise(spec.sampler, i, p)
+        tied = sampling.DirectionWords(sampling.tie(dkey, after), len(leaves))
+        return tied.noise(spec.sampler, i, p)
 
       strategy = curv.strategy_of(h)
       if strategy is curv.FACTORED:
         go = do_h if last is None else do_h & jnp.all(jnp.isfinite(last.row))
-        rows = sampling.leaf_rows(spec.sampler, key_i, p)
+        rows = sampling.leaf_rows(spec.sampler, words.key(i), p)
         h = jax.lax.cond(
             go,
             lambda h, zfn=zfn, rows=rows: curv.FACTORED.update(

@@ -188,3 +188,46 @@ def nnx_value_fn(model: nnx.Module, wrt: Any, loss: Callable[[nnx.Module], jax.A
   graphdef, _, rest = nnx.split(model, wrt, ...)
   rest = nnx.as_pure(rest)
   return lambda params: loss(nnx.merge(graphdef, params, rest))
+
+
+def nnx_zo_step(optimizer: nnx.Optimizer, model: nnx.Module,
+                loss: Callable[[nnx.Module], Any], *, has_aux: bool = False,
+                **step_options: Any) -> Any:
+  """One lean zeroth-order step of an ``nnx.Optimizer``, in place; call it in ``nnx.jit``.
+
+  ``optimizer.update(model, grads, value_fn=...)`` runs the optimizer's plain ``update``,
+  which keeps a perturbed copy of the trainable params (and HiZOO's estimate) alive. This
+  runs :func:`hizoo_jax.make_train_step`'s lean step on the optimizer's ``wrt`` state
+  instead (the perturbation in place, in one traced loop) and writes the new params, the
+  optimizer state and the step count back, like ``optimizer.update``::
+
+      optimizer = nnx.Optimizer(model, hz.hizoo(1e-3), wrt=nnx.LoRAParam)
+
+      @nnx.jit
+      def train_step(model, optimizer, ids, mask, labels):
+        return peft.nnx_zo_step(
+            optimizer, model, lambda m: heads.cross_entropy(m(ids, mask), labels))
+
+  Args:
+    optimizer: an ``nnx.Optimizer`` whose ``tx`` contains a zeroth-order transform.
+    model: the model it optimizes.
+    loss: ``loss(model) -> scalar`` (``-> (scalar, aux)`` with ``has_aux``), the batch
+      closed over.
+    has_aux: as in :func:`hizoo_jax.make_train_step`.
+    **step_options: further options of :func:`hizoo_jax.make_train_step` (``restore``).
+
+  Returns:
+    The step's loss (and aux with ``has_aux``), as ``make_train_step`` returns them.
+  """
+  from hizoo_jax._src.train_step import make_train_step  # noqa: PLC0415
+
+  graph = getattr(optimizer, "graph", None)
+  graphdef, params, rest = nnx.split(model, optimizer.wrt, ...)
+  params, rest = nnx.as_pure(params), nnx.as_pure(rest)
+  loss_fn = lambda p: loss(nnx.merge(graphdef, p, rest))  # noqa: E731
+  step = make_train_step(optimizer.tx, loss_fn, has_aux=has_aux, **step_options)
+  out = step(params, nnx.as_pure(optimizer.opt_state))
+  nnx.update(model, out[0])
+  nnx.update(optimizer.opt_state, nnx.state(out[1], graph=graph))
+  optimizer.step[...] += 1
+  return out[2:] if has_aux else out[2]
