@@ -26,9 +26,13 @@ HIZOO_VARIANTS = {
 
 @pytest.mark.parametrize("name", list(P.FUNCTIONS))
 def test_hizoo_reaches_0_1_on_every_test_function(name):
-  """Median over 5 seeds of the steps to f < 0.1, best lr of a small grid, <= 3000 steps."""
+  """Median over 5 seeds of the steps to f < 0.1, best lr of a small grid, <= 3000 steps.
+
+  The grid reaches down to 1e-3: the unbiased estimator's best lr on f_c is 1e-3 (its
+  results page: 902 steps, 7/10 seeds), where at 1e-2 it needs ~3000 steps and passes or
+  not depending on the noise stream."""
   results = P.compare(HIZOO_VARIANTS, functions=(name,), steps=3000,
-                      learning_rates=np.array([0.01, 0.03, 0.1, 0.3]), seeds=5)
+                      learning_rates=np.array([0.001, 0.003, 0.01, 0.03, 0.1, 0.3]), seeds=5)
   for r in results:
     assert np.isfinite(r.steps), (r.method, name)
     reached = np.isfinite(r.sweep.steps_to(0.1)[r.lr_index]).sum()
