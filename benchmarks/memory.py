@@ -65,14 +65,15 @@ def compiled_table():
       state = tx.init(params)
       sbytes = nbytes(state)
       plain = hz.make_train_step(tx, mlp_loss, lean=False)
-      plain_peak = compiled_peak(plain.executable(params, state).lower(params, state, x, y)
+      plain_peak = compiled_peak(plain.executables(params, state).lower(params, state, x, y)
                                  .compile())
-      lean = hz.make_train_step(tx, mlp_loss, lean=True).executables(params, state)
+      lean = hz.make_train_step(tx, mlp_loss, lean=True,
+                                executables="several").executables(params, state)
       phases = {
           # executables that do not take the state still see it alive: add it
           "forward": fwd + sbytes,
           "perturb": compiled_peak(lean.perturb_inplace.lower(params, state, 1.0).compile()),
-          "update_params": compiled_peak(lean.update_params.lower(params, state, z, z, z, True)
+          "update_params": compiled_peak(lean.update_params.lower(params, state, z, z, z)
                                          .compile()),
           "update_state": compiled_peak(lean.update_state.lower(state, params, z, z, z)
                                         .compile()) + pbytes,

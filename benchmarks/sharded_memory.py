@@ -50,7 +50,7 @@ def pass_peaks(step, params, state, x, y):
   return {
       "forward": compiled_peak(ex.fwd.lower(params, x, y).compile()),
       "perturb": compiled_peak(ex.perturb_inplace.lower(params, state, 1.0).compile()),
-      "update_params": compiled_peak(ex.update_params.lower(params, state, z, z, z, True)
+      "update_params": compiled_peak(ex.update_params.lower(params, state, z, z, z)
                                      .compile()),
       "update_state": compiled_peak(ex.update_state.lower(state, params, z, z, z).compile()),
   }

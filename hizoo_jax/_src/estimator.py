@@ -149,6 +149,9 @@ def estimate(
     do_h = hessian_step & finite & resolved
     c = jnp.where(do_h, d2 / (2 * jnp.square(mu.astype(dtype))), 0)
     n_skip_h = n_skip_h + (hessian_step & finite & ~resolved).astype(jnp.int32)
+    # Materialised once: otherwise XLA copies this scalar logic into every leaf's fused
+    # pass, which multiplies the compile time of models with many tensors.
+    proj, c, do_h = jax.lax.optimization_barrier((proj, c, do_h))
 
     # The update pass, leaf by leaf. Dense leaves are one fused elementwise loop each. A
     # factored leaf needs reductions over its estimate; its noise is regenerated for each

@@ -1,0 +1,221 @@
+"""The step engine: memory of every composition, small-model overhead, compile time.
+
+Three measurements (each a section of the JSON and of ``benchmarks/RESULTS.md``):
+
+* ``memory``: for each optimizer composition users build, the transient memory of
+  ``hz.make_train_step`` over a forward pass, in param bytes (6 x 4096^2 float32 leaves, 64
+  rows), from compiled ``memory_analysis()``: what an executable allocates beyond its
+  arguments (temporaries + outputs not aliased to donated arguments), minus the forward
+  pass's temporaries; params and optimizer state themselves are not counted. At top level
+  (several donated executables: the max over them) and traced into a user's ``jax.jit``
+  that donates params and state (one program). The plain step (``lean=False``) for
+  reference.
+* ``small``: the default step against the one-executable step and against the several-
+  executables step on the digits-size MLP (64-128-128-10, batch 64): medians of paired
+  timings (>= 7 after warm-up).
+* ``compile``: the first call (trace + compile + run) of ``make_train_step`` on a
+  200-tensor model (a chain of 200 64x64 layers) against a jitted first-order Adam step
+  on the same model, each in a fresh process.
+
+    python benchmarks/engine.py [--only memory|small|compile] [--out benchmarks/results/engine.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from common import (  # noqa: E402
+  batch,
+  machine,
+  mlp_loss,
+  mlp_params,
+  nbytes,
+  quartiles,
+  time_paired,
+  write_json,
+)
+
+import hizoo_jax as hz  # noqa: E402
+
+MEMORY_SIZES = [4096] * 7  # 6 x 4096^2 float32 (403 MB)
+ROWS = 64
+LR = 1e-6
+COMPOSITIONS = {
+    "hz.mezo": lambda: hz.mezo(LR),
+    "hz.hizoo": lambda: hz.hizoo(LR),
+    "hz.presets.hizoo(lr)": lambda: hz.presets.hizoo(LR),
+    "inject_hyperparams(hz.hizoo)(lr=cosine)": lambda: optax.inject_hyperparams(hz.hizoo)(
+        learning_rate=optax.cosine_decay_schedule(LR, 1000)),
+    "chain(scale_by_hizoo, sgd(momentum=0.9))": lambda: optax.chain(
+        hz.scale_by_hizoo(), optax.sgd(LR, momentum=0.9)),
+    "chain(scale_by_zo, scale_by_adam, scale(-lr))": lambda: optax.chain(
+        hz.scale_by_zo(), optax.scale_by_adam(), optax.scale(-LR)),
+    "masked(hz.mezo, biases frozen)": lambda: optax.masked(
+        hz.mezo(LR), lambda p: jax.tree.map(lambda x: x.ndim == 2, p)),
+    "MultiSteps(hz.mezo, 4)": lambda: optax.MultiSteps(hz.mezo(LR), 4),
+}
+
+
+def transient(compiled):
+  """Bytes an executable allocates beyond its arguments: temporaries + new outputs."""
+  m = compiled.memory_analysis()
+  return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+
+
+def _several(tx, params, state, x, y):
+  ex = hz.make_train_step(tx, mlp_loss, executables="several").executables(params, state)
+  z = jnp.zeros((), jnp.float32)
+  passes = {"perturb": ex.perturb_inplace.lower(params, state, 1.0)}
+  if ex.hizoo:
+    passes["fwd0"] = ex.fwd0.lower(params, state, x, y)
+  if ex.split_update:
+    passes["update_params"] = ex.update_params.lower(params, state, z, z, z)
+    passes["update_state"] = ex.update_state.lower(state, params, z, z, z)
+  else:
+    passes["update"] = ex.update.lower(params, state, z, z, z)
+  return {k: transient(v.compile()) for k, v in passes.items()}
+
+
+def memory():
+  params = mlp_params(MEMORY_SIZES)
+  x, y = batch(MEMORY_SIZES, ROWS)
+  pbytes = nbytes(params)
+  fwd = transient(jax.jit(mlp_loss).lower(params, x, y).compile())
+  rows = []
+  for name, make in COMPOSITIONS.items():
+    tx = make()
+    state = tx.init(params)
+    plain_step = hz.make_train_step(tx, mlp_loss, lean=False)
+    plain = transient(plain_step.executables(params, state).lower(params, state, x, y)
+                      .compile())
+    several = _several(tx, params, state, x, y)
+    step = hz.make_train_step(tx, mlp_loss)
+    user = jax.jit(lambda p, s, step=step: step(p, s, x, y), donate_argnums=(0, 1))
+    traced = transient(user.lower(params, state).compile())
+    row = dict(
+        composition=name,
+        plain=(plain - fwd) / pbytes,
+        top_level=(max(several.values()) - fwd) / pbytes,
+        top_level_passes={k: (v - fwd) / pbytes for k, v in several.items()},
+        in_user_jit=(traced - fwd) / pbytes,
+    )
+    rows.append(row)
+    print(f"{name}: plain {row['plain']:.2f}  top level {row['top_level']:.2f}  "
+          f"in jit {row['in_user_jit']:.2f}", flush=True)
+  return dict(param_bytes=pbytes, forward_transient_bytes=fwd, rows=rows)
+
+
+def small(repeats=15):
+  sizes = [64, 128, 128, 10]
+  x, y = batch(sizes, 64)
+  out = []
+  for name, make in (("MeZO", lambda: hz.mezo(1e-3)), ("HiZOO", lambda: hz.hizoo(1e-3))):
+    res = {}
+    for engine in ("auto", "one", "several"):
+      tx = make()
+      params = mlp_params(sizes)
+      state = [tx.init(params)]
+      holder = [params]
+      step = hz.make_train_step(tx, mlp_loss, executables=engine)
+
+      def call(step=step, holder=holder, state=state):
+        holder[0], state[0], loss = step(holder[0], state[0], x, y)
+        loss.block_until_ready()
+
+      res[engine] = call
+    _, _, auto_vs_one = time_paired(res["auto"], res["one"], repeats=repeats, warmup=3)
+    _, _, several_vs_one = time_paired(res["several"], res["one"], repeats=repeats, warmup=3)
+    row = dict(optimizer=name, default_over_one=quartiles(auto_vs_one),
+               several_over_one=quartiles(several_vs_one))
+    out.append(row)
+    print(f"small {name}: default/one {row['default_over_one'][1]:.2f}  "
+          f"several/one {row['several_over_one'][1]:.2f}", flush=True)
+  return out
+
+
+def _compile_child(kind):
+  """One fresh process: the first call of one step on the 200-tensor model, in seconds."""
+  n = 200
+  params = {f"w{i:03d}": jnp.eye(64, dtype=jnp.float32) * 0.9 for i in range(n)}
+  x = jnp.ones((16, 64), jnp.float32)
+
+  def loss(p, x):
+    h = x
+    for k in sorted(p):
+      h = jnp.tanh(h @ p[k])
+    return jnp.mean(h ** 2)
+
+  t = time.perf_counter()
+  if kind == "adam":
+    tx = optax.adam(1e-3)
+    state = tx.init(params)
+
+    @jax.jit
+    def step(p, s, x):
+      g = jax.grad(loss)(p, x)
+      u, s = tx.update(g, s, p)
+      return optax.apply_updates(p, u), s
+
+    jax.block_until_ready(step(params, state, x))
+  else:
+    opt, engine = kind.split(":")
+    tx = hz.mezo(1e-3) if opt == "mezo" else hz.hizoo(1e-3)
+    state = tx.init(params)
+    kw = dict(lean=False) if engine == "plain" else dict(executables=engine)
+    jax.block_until_ready(hz.make_train_step(tx, loss, **kw)(params, state, x))
+  return time.perf_counter() - t
+
+
+def compile_times(repeats=3):
+  kinds = ["adam", "mezo:one", "mezo:several", "hizoo:one", "hizoo:several", "hizoo:plain"]
+  times = {k: [] for k in kinds}
+  for _ in range(repeats):  # interleaved, so that all kinds see the same machine
+    for k in kinds:
+      out = subprocess.run([sys.executable, __file__, "--compile-child", k],
+                           capture_output=True, text=True, check=True)
+      times[k].append(float(out.stdout.strip().splitlines()[-1]))
+  adam = float(np.median(times["adam"]))
+  rows = [dict(step=k, seconds=float(np.median(v)), over_adam=float(np.median(v)) / adam)
+          for k, v in times.items()]
+  for r in rows:
+    print(f"compile {r['step']}: {r['seconds']:.2f} s = {r['over_adam']:.1f} x Adam", flush=True)
+  return rows
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--only", choices=("memory", "small", "compile"))
+  ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                "engine.json"))
+  ap.add_argument("--compile-child")
+  args = ap.parse_args()
+  if args.compile_child:
+    print(_compile_child(args.compile_child))
+    return
+  result = {}
+  if os.path.exists(args.out):
+    with open(args.out) as fh:
+      result = json.load(fh)
+  result["machine"] = machine()
+  if args.only in (None, "memory"):
+    result["memory"] = memory()
+  if args.only in (None, "small"):
+    result["small"] = small()
+  if args.only in (None, "compile"):
+    result["compile"] = compile_times()
+  write_json(args.out, result)
+
+
+if __name__ == "__main__":
+  main()
