@@ -201,3 +201,24 @@ def test_curvature_below_rounding_is_skipped_not_fed_to_the_ema():
     _, s0 = tx0.update(None, s0, params, value_fn=loss)
   assert int(otu.tree_get(s0, "skipped_hessian_updates")) == 0
   assert not np.allclose(hz.get_hessian(s0)["x"], 1.0)
+
+
+def test_seed_beyond_32_bits_is_its_own_key_and_bad_seeds_name_seed():
+  params = {"w": jnp.ones(3)}
+  k0 = hz.mezo(1e-3, seed=0).init(params)[0].key
+  k40 = hz.mezo(1e-3, seed=2**40).init(params)[0].key
+  assert not np.array_equal(np.asarray(k0), np.asarray(k40))  # jax.random.key(2**40) == key(0)
+  with pytest.raises(ValueError, match="seed"):
+    hz.mezo(1e-3, seed=2**70)
+  with pytest.raises(TypeError, match="seed"):
+    hz.mezo(1e-3, seed=1.5)
+
+
+def test_python_float_leaves_and_mu_resolution_checks():
+  params = {"w": jnp.ones(3), "s": 0.5}
+  tx = hz.hizoo(1e-2)
+  state = tx.init(params)
+  updates, state = tx.update(None, state, params, value_fn=lambda p: jnp.sum(p["w"]) * p["s"])
+  assert hz.get_hessian(state)["s"].shape == ()
+  with pytest.raises(ValueError, match="mu_resolution"):
+    hz.hizoo(1e-2, mu_resolution=-1.0)

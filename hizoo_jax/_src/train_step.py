@@ -59,13 +59,14 @@ from hizoo_jax._src import sharding as shard_lib
 RESTORE_MODES = ("auto", "inplace", "exact")
 EXECUTABLES = ("auto", "one", "several")
 
-ONE_EXECUTABLE_BYTES = 1 << 26
-"""Below this many param bytes (64 MiB) the default top-level step is one executable.
+ONE_EXECUTABLE_BYTES = 1 << 21
+"""Below this many param bytes (2 MiB) the default top-level step is one executable.
 
-One executable holds about one params-sized buffer of temporaries but makes one call per
-step instead of six or seven; on a 26k-parameter MLP the several-executables step takes
-about 2x the one-executable step's time (dispatch), at 12.6M parameters the difference is
-within noise (benchmarks/RESULTS.md).
+One call per step instead of six or seven: on a 26k-parameter MLP the several-executables
+step takes 2.0x (MeZO) and 1.2x (HiZOO) the one-executable step's time. From about 0.5M
+float32 params on, the several executables are as fast or faster (measured several / one:
+0.98 and 1.13 at 0.5M params, 0.93 and 0.61 at 2.1M, 0.82 and 0.82 at 12.6M; MeZO and HiZOO,
+256 rows), and they need no params-sized temporary.
 """
 
 
@@ -312,6 +313,8 @@ def _one_pass_step(tx, loss_fn, has_aux, restore):
       # and the noise is tied to the loop index: otherwise XLA hoists the loop-invariant
       # mu H^{-1/2} z out of the loop into a params-sized buffer and copies H around the
       # loop (measured: 1.0 and 2.2 param bytes of temporaries for MeZO and HiZOO).
+      # MeZO has no l0 and starts at +1.
+      start = 0 if loc.spec.hizoo else 1
       coefs = jnp.asarray([0.0, 1.0, -2.0, 1.0], jnp.float32)
 
       def body(i, carry):
@@ -323,7 +326,7 @@ def _one_pass_step(tx, loss_fn, has_aux, restore):
         return p, s, pick(0, l0), pick(1, plus), pick(2, minus)
 
       params, opt_state, l0, plus, minus = jax.lax.fori_loop(
-          0, 4, body, (params, opt_state, zero, zero, zero))
+          start, 4, body, (params, opt_state, zero, zero, zero))
       params, opt_state = jax.lax.optimization_barrier((params, opt_state))
       l0 = l0[0]
     else:
@@ -556,7 +559,9 @@ class _Several:
       params, opt_state = _final_update(tx, params, opt_state, (l0, lp[None], lm[None]))
       return params, opt_state, jnp.copy(_logged_loss(opt_state))
 
-    def update_params(params, opt_state, l0, lp, lm):
+    def update_params(params, opt_state, l0, lp, lm, restore_first=False):
+      if restore_first:  # params hold theta - mu s z: add it back, fused into this pass
+        params = perturb(params, opt_state, 1.0)
       kw = dict(zo_losses=(l0, lp[None], lm[None]), value_params=params)
       updates, _ = tx.update(_zeros_like(params), opt_state, params, **kw)
       return optax.apply_updates(params, updates)
@@ -575,7 +580,7 @@ class _Several:
     self.update = jax.jit(update, donate_argnums=(0, 1) if donate else (),
                           compiler_options=opts, **to_both)
     self.update_params = jax.jit(update_params, donate_argnums=(0,) if donate else (),
-                                 compiler_options=opts, **to_params)
+                                 static_argnums=(5,), compiler_options=opts, **to_params)
     self.update_state = jax.jit(update_state, donate_argnums=(0,) if donate else (),
                                 compiler_options=opts, **to_state)
     self.hizoo = hizoo
@@ -597,7 +602,8 @@ class _Several:
       lp, aux_p = self.fwd(params, *batch)
       params = self.perturb_inplace(params, opt_state, -2.0)
       lm, aux_m = self.fwd(params, *batch)
-      params = self.perturb_inplace(params, opt_state, 1.0)
+      if not self.split_update:
+        params = self.perturb_inplace(params, opt_state, 1.0)
     else:
       work = self.perturb_new(params, opt_state, 1.0)
       lp, aux_p = self.fwd(work, *batch)
@@ -605,7 +611,8 @@ class _Several:
       lm, aux_m = self.fwd(work, *batch)
       del work
     if self.split_update:
-      params = self.update_params(params, opt_state, l0, lp, lm)
+      # the state does not read the params: it may see the updated ones
+      params = self.update_params(params, opt_state, l0, lp, lm, self.inplace)
       opt_state, loss = self.update_state(opt_state, params, l0, lp, lm)
     else:
       params, opt_state, loss = self.update(params, opt_state, l0, lp, lm)

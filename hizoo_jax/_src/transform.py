@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import optax.tree_utils as otu
 from optax._src import numerics
@@ -143,6 +144,7 @@ class _Hyper:
   seed: Any
   min_dim_size_to_factor: Any = 128
   curvature_floor: Any = 4.0
+  mu_resolution: Any = 0.0
 
 
 def _make(spec: cfg.ZOSpec, hp: _Hyper) -> optax.GradientTransformationExtraArgs:
@@ -150,6 +152,9 @@ def _make(spec: cfg.ZOSpec, hp: _Hyper) -> optax.GradientTransformationExtraArgs
   n_static = cfg.check_int("num_directions", hp.num_directions, 1)
   cfg.check_int("hessian_update_every", hp.hessian_update_every, 1)
   cfg.check_seed(hp.seed)
+  res = cfg.concrete(hp.mu_resolution)
+  if res is not None and (res.ndim != 0 or not np.isfinite(res) or res < 0):
+    raise ValueError(f"mu_resolution must be a finite number >= 0, got {hp.mu_resolution!r}")
   if spec.hizoo:
     cfg.check_hizoo_options(spec, hp.hessian_smoothing, hp.hessian_init,
                             hp.min_dim_size_to_factor, hp.curvature_floor)
@@ -173,7 +178,8 @@ def _make(spec: cfg.ZOSpec, hp: _Hyper) -> optax.GradientTransformationExtraArgs
           "static_args=('num_directions',)"
       )
     dtype = est.loss_dtype(params)
-    mu, _ = est.sanitize_mu(jnp.asarray(hp.mu, dtype))
+    mu = est.effective_mu(jnp.asarray(hp.mu, dtype), params, hp.mu_resolution)
+    mu, _ = est.sanitize_mu(mu)
     common = dict(
         count=jnp.zeros([], jnp.int32),
         key=cfg.seed_to_key_data(hp.seed, spec.key_impl),
@@ -204,7 +210,8 @@ def _make(spec: cfg.ZOSpec, hp: _Hyper) -> optax.GradientTransformationExtraArgs
       raise TypeError(f"expected a {type(state).__name__} of this transform's init, got "
                       f"{type(state)}")
     cfg.check_params(params)
-    mu, _ = est.sanitize_mu(jnp.asarray(hp.mu, state.mu.dtype))
+    mu_now = est.effective_mu(jnp.asarray(hp.mu, state.mu.dtype), params, hp.mu_resolution)
+    mu, _ = est.sanitize_mu(mu_now)
     in_effect = dict(mu=mu.astype(state.mu.dtype))
     if spec.hizoo:
       in_effect["hessian_every"] = every_now()
@@ -225,7 +232,7 @@ def _make(spec: cfg.ZOSpec, hp: _Hyper) -> optax.GradientTransformationExtraArgs
       hessian_step, alpha, hessian = False, 0.0, None
 
     g, hessian, stats = est.estimate(
-        spec, params, value_fn, noise_key, n, hp.mu, hessian, hessian_step, jnp.asarray(alpha),
+        spec, params, value_fn, noise_key, n, mu_now, hessian, hessian_step, jnp.asarray(alpha),
         curvature_floor=hp.curvature_floor, losses=zo_losses)
     common = dict(
         count=numerics.safe_increment(state.count),
@@ -283,6 +290,7 @@ def scale_by_zo(
     mu: float = 1e-3,
     *,
     num_directions: int = 1,
+    mu_resolution: float = 0.0,
     sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
     seed: int | jax.Array = 0,
 ) -> optax.GradientTransformationExtraArgs:
@@ -299,6 +307,9 @@ def scale_by_zo(
   Args:
     mu: perturbation scale (> 0).
     num_directions: directions ``n`` averaged per step (2n forward passes).
+    mu_resolution: for 16-bit params, raise ``mu`` to at least ``mu_resolution * eps(dtype) *
+      rms(theta)`` so that the perturbation survives rounding (see
+      :func:`scale_by_hizoo`; off by default here: MeZO's estimate tolerates it).
     sampler: a :class:`hizoo_jax.Sampler` or a function ``sampler(key, shape, dtype)``;
       default :data:`hizoo_jax.fast_gaussian` (Gaussian moments through the fourth, fused
       into the passes that use it); :data:`hizoo_jax.gaussian` (exact normal, threefry) and
@@ -325,7 +336,8 @@ def scale_by_zo(
   sampler = cfg.check_sampler(sampler, needs_gaussian=False)
   spec = cfg.ZOSpec(hizoo=False, sampler=sampler, key_impl=cfg.key_impl_of(seed))
   return _make(spec, _Hyper(mu=mu, hessian_smoothing=0.0, num_directions=num_directions,
-                            hessian_update_every=1, hessian_init=1.0, seed=seed))
+                            hessian_update_every=1, hessian_init=1.0, seed=seed,
+                            mu_resolution=mu_resolution))
 
 
 def scale_by_hizoo(
@@ -341,6 +353,7 @@ def scale_by_hizoo(
     hessian_init: float = 1.0,
     hessian_dtype: Any = None,
     curvature_floor: float = 4.0,
+    mu_resolution: float = 4.0,
     sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
     seed: int | jax.Array = 0,
 ) -> optax.GradientTransformationExtraArgs:
@@ -385,6 +398,12 @@ def scale_by_hizoo(
       under ``optax.inject_hyperparams``.
     curvature_floor: multiple of ``eps * max|l|`` under which a second difference is
       treated as rounding noise.
+    mu_resolution: for 16-bit params (bfloat16, float16), ``mu`` is raised to at least
+      ``mu_resolution * eps(dtype) * rms(theta)`` (rms over the leaves of that dtype), in
+      the perturbation, the gradient and the curvature alike: below a few ulp of a typical
+      param, ``theta + mu z`` rounds back to ``theta`` and ``H`` inflates on rounding
+      noise. ``0`` keeps ``mu`` as given; float32 params are never affected. The ``mu`` in
+      use is recorded in the state.
     sampler: a :class:`hizoo_jax.Sampler` with Gaussian moments (or a function
       ``sampler(key, shape, dtype)``): default :data:`hizoo_jax.fast_gaussian` (E z^2 = 1,
       E z^4 = 3 exactly, fused into the passes that use it), or :data:`hizoo_jax.gaussian`
@@ -424,7 +443,7 @@ def scale_by_hizoo(
                             hessian_update_every=hessian_update_every,
                             hessian_init=hessian_init, seed=seed,
                             min_dim_size_to_factor=min_dim_size_to_factor,
-                            curvature_floor=curvature_floor))
+                            curvature_floor=curvature_floor, mu_resolution=mu_resolution))
 
 
 HIZOO_OPTIONS: tuple[inspect.Parameter, ...] = tuple(
