@@ -33,6 +33,9 @@ Runs:
   - ``(c) per-tensor mu``: ``mu_t = max(mu, k eps(dtype) rms(theta_t))``, k = 2, 4;
   - ``(e) per-element mu``: ``mu_i = max(mu, k ulp(theta_i) / s_i)`` (with (a));
   - ``(f) global mu``: one ``mu = max(mu, k eps(dtype) rms(all params))``, k = 1, 2, 4;
+  - ``(g) 16-bit curvature floor``: the H update is skipped when
+    ``|l+ + l- - 2 l0| <= 4 eps(compute dtype) max|l|`` (the library uses float32's eps, the
+    loss dtype); with (f) as ``(f)+(g)``;
   - ``(d) f32 perturb``: ``theta +- mu s z`` formed and evaluated in float32 from the 16-bit
     storage (only the update is rounded to 16 bits).
 
@@ -68,20 +71,28 @@ CLIP = (1e-8, 1e8)
 # The task.
 
 
+# "small": the MLP above. "wide": an LLM-like mix of scales, 256 -> 32 -> 2 with a
+# LayerNorm-like gain: w1 ~ 0.06 (8,192 params), a gain vector g1 = 1 (32), w2 ~ 0.35.
+PROBLEM = "small"
+
+
 def make_data(n=512, seed=1234):
-  """Inputs of scale 3; the label is the side of a random hyperplane."""
+  """The label is the side of a random hyperplane; inputs of scale 3 ("small") or 1."""
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((n, SIZES[0])).astype(np.float32)
   y = (x @ rng.standard_normal(SIZES[0]) > 0).astype(np.int32)
-  return jnp.asarray(3 * x), jnp.asarray(y)
+  return jnp.asarray(x if PROBLEM == "wide" else 3 * x), jnp.asarray(y)
 
 
 def init_params(seed, dtype):
   k1, k2 = jax.random.split(jax.random.key(seed))
-  p = {"w1": 2 * jax.random.normal(k1, SIZES[:2]) / np.sqrt(SIZES[0]),
+  w1_scale = 1.0 if PROBLEM == "wide" else 2.0
+  p = {"w1": w1_scale * jax.random.normal(k1, SIZES[:2]) / np.sqrt(SIZES[0]),
        "b1": jnp.zeros(SIZES[1]),
        "w2": 2 * jax.random.normal(k2, SIZES[1:]) / np.sqrt(SIZES[1]),
        "b2": jnp.zeros(SIZES[2])}
+  if PROBLEM == "wide":
+    p["g1"] = jnp.ones(SIZES[1])
   return jax.tree.map(lambda a: a.astype(dtype), p)
 
 
@@ -90,7 +101,10 @@ def loss_fn(p, x, y, compute=None):
   the loss reduced in float32."""
   dt = compute or p["w1"].dtype
   p = jax.tree.map(lambda a: a.astype(dt), p)
-  h = jnp.tanh(x.astype(dt) @ p["w1"] + p["b1"])
+  pre = x.astype(dt) @ p["w1"]
+  if "g1" in p:
+    pre = pre * p["g1"]
+  h = jnp.tanh(pre + p["b1"])
   logits = (h @ p["w2"] + p["b2"]).astype(jnp.float32)
   logp = jax.nn.log_softmax(logits)
   return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=-1))
@@ -209,7 +223,9 @@ def proto_step(params, h, key, x, y, *, dtype, variant, mu_k, compute, mu_per="t
   new_leaves, new_h = [], []
   for p, hl, z, mu_t in zip(leaves, h_leaves, zs, mus, strict=True):
     c = (lp + lm - 2 * l0) / (2 * mu_t**2)
-    floor = 4 * eps_of(jnp.float32) * jnp.maximum(jnp.maximum(jnp.abs(lp), jnp.abs(lm)),
+    # (g): the curvature floor at the resolution of the forward pass (16-bit compute)
+    floor_eps = eps_of(compute or dtype) if variant.endswith("floor16") else eps_of(jnp.float32)
+    floor = 4 * floor_eps * jnp.maximum(jnp.maximum(jnp.abs(lp), jnp.abs(lm)),
                                                   jnp.abs(l0))
     do_h = jnp.abs(lp + lm - 2 * l0) > floor
     h_new = jnp.where(do_h, jnp.clip((1 - ALPHA) * hl + ALPHA * jnp.abs(c) * hl * z**2, *CLIP),
@@ -263,6 +279,8 @@ VARIANTS = [  # (name, variant, mu_k, mu_per)
     ("(a)+(f) k=2", "effective", 2.0, "global"),
     ("(a)+(f) k=4", "effective", 4.0, "global"),
     ("(d) f32 perturb", "f32_compute", 0.0, "tensor"),
+    ("(g) 16-bit curvature floor", "nearest_floor16", 0.0, "tensor"),
+    ("(f)+(g) k=4", "nearest_floor16", 4.0, "global"),
 ]
 
 
@@ -308,16 +326,25 @@ def markdown(res) -> str:
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--quick", action="store_true", help="one seed")
-  ap.add_argument("--out", default=os.path.join(HERE, "results.json"))
+  ap.add_argument("--out", default=None, help="default: results.json (results_wide.json)")
   ap.add_argument("--only", default=None, help="run the rows whose name contains this")
+  ap.add_argument("--problem", choices=("small", "wide"), default="small",
+                  help="wide: 256 -> 32 -> 2 with a gain vector (LLM-like scales); "
+                       "writes results_wide.json unless --out is given")
   ap.add_argument("--table", action="store_true", help="print --out as markdown, run nothing")
   ap.add_argument("--mu-sweep", action="store_true",
                   help="only the uniform-mu sweep (writes mu_sweep.json next to --out)")
   args = ap.parse_args()
+  global PROBLEM, SIZES
+  PROBLEM = args.problem
+  if PROBLEM == "wide":
+    SIZES = (256, 32, 2)
+  args.out = args.out or os.path.join(
+      HERE, "results_wide.json" if PROBLEM == "wide" else "results.json")
   if args.mu_sweep:
     x, y = make_data()
     mu_sweep([0] if args.quick else [0, 1, 2], x, y,
-             os.path.join(os.path.dirname(args.out), "mu_sweep.json"))
+             os.path.join(HERE, f"mu_sweep{'_wide' if PROBLEM == 'wide' else ''}.json"))
     return
   if args.table:
     with open(args.out) as fh:
@@ -326,7 +353,8 @@ def main():
   seeds = [0] if args.quick else [0, 1, 2]
   x, y = make_data()
   t0 = time.time()
-  res = {"settings": dict(steps=STEPS, lr=LR, alpha=ALPHA, mu=MU, sizes=SIZES, seeds=seeds),
+  res = {"settings": dict(problem=PROBLEM, steps=STEPS, lr=LR, alpha=ALPHA, mu=MU, sizes=SIZES,
+                          seeds=seeds),
          "runs": {}}
 
   def record(key, fn):
