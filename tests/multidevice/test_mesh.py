@@ -68,7 +68,7 @@ def sharded_tolerance(name):
   absolute floor (the updates are ~lr |g| ~ 1e-4; 1e-9 is ~1e-5 of one).
   """
   if name == "mezo":
-    return dict(rtol=1e-9, atol=1e-12)
+    return dict(rtol=1e-9, atol=1e-10)  # lr |g| 1e-9 per step over 4 steps: ~4e-11
   return dict(rtol=5e-7, atol=1e-9)
 
 
