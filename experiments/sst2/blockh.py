@@ -6,27 +6,39 @@ diagonal entries needs O(d) probes, and HiZOO's H ends up acting as a scalar ste
 schedule (notebooks/03). With B blocks (B = number of parameter tensors, 26 for MiniLM LoRA)
 the same probe identifies B numbers in O(B) steps.
 
-The estimator (Gaussian z, block b holds n_b coordinates, u = S^{1/2} z the probe direction
-with S the current preconditioner, constant on each block)::
+The estimator (Gaussian z, block b holds n_b coordinates, S = diag(s_b) the preconditioner,
+u = S^{1/2} z the probe)::
 
     l0 = f(theta),  l+- = f(theta +- mu u)
-    g       = (l+ - l-) / (2 mu) * u                      (preconditioned SPSA step, E = S grad)
-    delta   = (l+ + l- - 2 l0) / mu^2                     (= u^T A u + O(mu^2))
-    c_b     = delta * (||z_b||^2 - n_b) / (2 n_b)         E[c_b] = s_b * mean diag(A_bb)
-    h_b    <- EMA_beta(c_b / s_b)                         (bias-corrected, like Adam's m)
+    g       = (l+ - l-) / (2 mu) * u                      (E[g] = S grad: preconditioned SPSA)
+    delta   = (l+ + l- - 2 l0) / mu^2                     (= z^T S^1/2 A S^1/2 z + O(mu^2))
+    r       = delta - rbar - sum_b c_b (||z_b||^2 - n_b)  (residual of the block model; rbar
+                                                          is the running mean of delta)
+    e_b     = c_b + r (||z_b||^2 - n_b) / (2 n_b)         E[e_b] = s_b mean diag(A_bb)
+    c_b    <- (1 - beta) c_b + beta e_b                   (c starts at 0)
 
-``E[z^T M z (||z_b||^2 - n_b)] = 2 tr(M_bb)`` for Gaussian z, so ``c_b / s_b`` is unbiased for
-the mean diagonal curvature of block b. Its variance is about ``(2 sum_b' s_b'^2 ||A_b'||^2_F)
-/ n_b ...``; in practice the signal-to-noise ratio per step is ~1/B when the blocks contribute
-equally, so ~B / beta steps average it down. The state also keeps an EMA of ``(c_b/s_b)^2`` so
-the relative standard error of each ``h_b`` can be reported.
+``E[z^T M z (||z_b||^2 - n_b)] = 2 tr(M_bb)`` for Gaussian z, so ``e_b`` is unbiased for the
+mean diagonal curvature of block b in the preconditioned coordinates; ``h_b = c_b / s_b`` in
+the parameters'. This is online least squares of ``delta`` on the B features ``||z_b||^2``.
+Without the control variate ``sum_b c_b ||z_b||^2`` the other blocks' contributions to delta
+are noise whose variance is ~ sum_b' c_b'^2 n_b', which buries a large flat block next to a
+small stiff one; with it, only what the block model cannot explain (anisotropy inside a
+block, off-diagonal curvature, float rounding) remains (``check_blockh.py``). The intercept is
+a separate running mean of delta: tying it to ``sum_b c_b n_b`` (the first version) multiplies
+the estimate by a random factor ``1 + beta sqrt(n_b / 2) eps`` each step, which blew up to
+NaN on MiniLM LoRA (n_b = 3072). The scales are
+refreshed only every ``refresh`` steps (by at most ``max_change`` x), and ``c`` is rescaled
+with them, so the estimate does not chase its own feedback. The state keeps an EMA of
+``e_b^2`` so the relative standard error of each estimate can be reported.
 
-The preconditioner is SHAPE-ONLY: ``s_b = mean_w(h) / h_b`` with ``mean_w`` the coordinate-
-weighted mean, clipped to ``[1/kappa, kappa]``. The coordinate-weighted mean of ``1/s`` is
-therefore ~1, i.e. the variant has no scalar step-size schedule of its own: its step-size
-control ("MeZO with lr / mean H(t)") is MeZO at the same learning rate, and any difference from
-MeZO comes from how the step is distributed over tensors. During ``warmup`` steps s = 1
-(the variant is MeZO with an extra forward pass) while h accumulates.
+The preconditioner is SHAPE-ONLY: ``s_b = (mean_w(h) / h_b) ** power`` with ``mean_w`` the
+coordinate-weighted mean, clipped to ``[1/kappa, kappa]`` (``power = 1``: Newton-like, the
+preconditioned blocks all get the same curvature; ``power = 0.5``: halfway). With power 1 the
+coordinate- weighted mean of ``1/s`` is therefore ~1, i.e. the variant has no scalar step-size
+schedule of its own: its step-size control ("MeZO with lr / mean H(t)") is MeZO at the same
+learning rate, and any difference from MeZO comes from how the step is distributed over
+tensors. During ``warmup`` steps s = 1 (the variant is MeZO with an extra forward pass) while h
+accumulates.
 
 Forward passes: 3 per step (l0, l+, l-), like HiZOO; MeZO uses 2.
 """
@@ -37,20 +49,24 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
 class BlockHState(NamedTuple):
   count: jax.Array          # steps taken
   key: jax.Array            # PRNG key data
-  h_m: Any                  # EMA of the per-block curvature estimate (one scalar a leaf)
-  h_v: Any                  # EMA of its square (for the standard error)
+  c: Any                    # curvature of each block in the CURRENT preconditioned coordinates
+  c_sq: Any                 # EMA of the square of its per-step estimate (standard error)
+  s: Any                    # the per-block step scales s_b (one scalar a leaf)
+  r_mean: jax.Array         # EMA of the residual (centres it)
   l0: jax.Array             # loss at theta of the last step
   delta: jax.Array          # second difference of the last step
 
 
 def scale_by_block_curvature(*, mu: float = 1e-3, beta: float = 0.01, warmup: int = 100,
-                             kappa: float = 30.0, seed: int = 0
+                             refresh: int = 50, kappa: float = 30.0, max_change: float = 2.0,
+                             center: float = 0.05, power: float = 1.0, seed: int = 0
                              ) -> optax.GradientTransformationExtraArgs:
   """Zeroth-order estimate preconditioned by a learned per-tensor curvature.
 
@@ -59,52 +75,62 @@ def scale_by_block_curvature(*, mu: float = 1e-3, beta: float = 0.01, warmup: in
   """
 
   def init_fn(params):
-    zeros = lambda: jax.tree.map(lambda p: jnp.zeros((), jnp.float32), params)
+    scalars = lambda v: jax.tree.map(lambda p: jnp.full((), v, jnp.float32), params)
     return BlockHState(count=jnp.zeros((), jnp.int32),
                        key=jax.random.key_data(jax.random.key(seed)),
-                       h_m=zeros(), h_v=zeros(), l0=jnp.zeros((), jnp.float32),
+                       c=scalars(0.0), c_sq=scalars(0.0), s=scalars(1.0),
+                       r_mean=jnp.zeros((), jnp.float32), l0=jnp.zeros((), jnp.float32),
                        delta=jnp.zeros((), jnp.float32))
 
   def update_fn(updates, state, params=None, *, value_fn=None, **_):
     del updates
     if params is None or value_fn is None:
       raise ValueError("scale_by_block_curvature needs params and value_fn")
-    s = scales(state, params)
     key, nkey = jax.random.split(jax.random.wrap_key_data(state.key))
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(key, len(leaves))
     z = treedef.unflatten([jax.random.normal(k, p.shape, jnp.float32)
                            for k, p in zip(keys, leaves, strict=True)])
-    u = jax.tree.map(lambda zz, sb: zz * jnp.sqrt(sb), z, s)
+    u = jax.tree.map(lambda zz, sb: zz * jnp.sqrt(sb), z, state.s)
     shift = lambda c: jax.tree.map(lambda p, uu: p + (c * mu * uu).astype(p.dtype), params, u)
     l0 = value_fn(params)
     lp = value_fn(shift(1.0))
     lm = value_fn(shift(-1.0))
     proj = (lp - lm) / (2 * mu)
     delta = (lp + lm - 2 * l0) / (mu * mu)
-    g = jax.tree.map(lambda uu: (proj * uu).astype(jnp.float32), u)
-    # per-block curvature estimate, back in parameter coordinates (divide by s_b)
-    est = jax.tree.map(
-        lambda zz, sb: delta * (jnp.sum(zz * zz) - zz.size) / (2 * zz.size) / sb, z, s)
+    g = jax.tree.map(lambda uu, p: (proj * uu).astype(p.dtype), u, params)
+    # online least squares of delta on the features ||z_b||^2, with a control variate
+    sq = jax.tree.map(lambda zz: jnp.sum(zz * zz), z)
+    # centred features: the intercept E[delta] is its own running mean r_mean, NOT sum c_b n_b
+    # (tying them made c_b n_b * feature a multiplicative noise on c_b that blew up to NaN)
+    pred = sum(jax.tree.leaves(jax.tree.map(lambda c, q, zz: c * (q - zz.size), state.c, sq, z)))
     ok = jnp.isfinite(delta)
-    h_m = jax.tree.map(lambda m, e: jnp.where(ok, (1 - beta) * m + beta * e, m), state.h_m, est)
-    h_v = jax.tree.map(lambda v, e: jnp.where(ok, (1 - beta) * v + beta * e * e, v),
-                       state.h_v, est)
-    g = jax.tree.map(lambda gg, p: gg.astype(p.dtype), g, params)
-    return g, BlockHState(count=state.count + 1, key=jax.random.key_data(nkey), h_m=h_m,
-                          h_v=h_v, l0=l0, delta=delta)
+    r_mean = jnp.where(ok, (1 - center) * state.r_mean + center * delta, state.r_mean)
+    resid = delta - r_mean - pred
+    est = jax.tree.map(lambda c, q, zz: c + resid * (q - zz.size) / (2 * zz.size),
+                       state.c, sq, z)
+    c = jax.tree.map(lambda m, e: jnp.where(ok, (1 - beta) * m + beta * e, m), state.c, est)
+    c_sq = jax.tree.map(lambda v, e: jnp.where(ok, (1 - beta) * v + beta * e * e, v),
+                        state.c_sq, est)
+    count = state.count + 1
+    # every `refresh` steps after warmup: new scales from h_b = c_b / s_b; c rescaled to them
+    new_s = _scales(c, state.s, params)
+    do = (count >= warmup) & (count % refresh == 0)
+    new_s = jax.tree.map(lambda n, o: jnp.where(do, n, o), new_s, state.s)
+    c = jax.tree.map(lambda cc, n, o: cc * n / o, c, new_s, state.s)
+    c_sq = jax.tree.map(lambda v, n, o: v * (n / o) ** 2, c_sq, new_s, state.s)
+    return g, BlockHState(count=count, key=jax.random.key_data(nkey), c=c, c_sq=c_sq,
+                          s=new_s, r_mean=r_mean, l0=l0, delta=delta)
 
-  def scales(state, params):
-    """Per-leaf step scales s_b (1 during warmup)."""
-    corr = 1.0 - (1.0 - beta) ** jnp.maximum(state.count, 1).astype(jnp.float32)
-    h = jax.tree.map(lambda m: m / corr, state.h_m)
-    hl, sizes = jax.tree.leaves(h), [p.size for p in jax.tree.leaves(params)]
-    hv = jnp.stack(hl)
-    pos = jnp.maximum(hv, 1e-12)
-    wmean = jnp.sum(jnp.asarray(sizes, jnp.float32) * jnp.maximum(hv, 0)) / sum(sizes)
-    sv = jnp.clip(wmean / pos, 1.0 / kappa, kappa)
-    sv = jnp.where((state.count < warmup) | ~(wmean > 0), jnp.ones_like(sv), sv)
-    return jax.tree.unflatten(jax.tree.structure(h), list(sv))
+  def _scales(c, s_old, params):
+    cl, sl = jnp.stack(jax.tree.leaves(c)), jnp.stack(jax.tree.leaves(s_old))
+    sizes = jnp.asarray([p.size for p in jax.tree.leaves(params)], jnp.float32)
+    h = jnp.maximum(cl, 0.0) / sl                       # curvature in parameter coordinates
+    wmean = jnp.sum(sizes * h) / jnp.sum(sizes)
+    target = jnp.clip((wmean / jnp.maximum(h, 1e-30)) ** power, 1.0 / kappa, kappa)
+    new = jnp.clip(target, sl / max_change, sl * max_change)
+    new = jnp.where(wmean > 0, new, sl)
+    return jax.tree.unflatten(jax.tree.structure(c), list(new))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -115,13 +141,15 @@ def block_curvature(lr: float, **kwargs) -> optax.GradientTransformationExtraArg
 
 
 def curvature_report(state: BlockHState, beta: float = 0.01) -> dict[str, Any]:
-  """Per-block bias-corrected curvature, its relative standard error, and the scales."""
+  """Per-block curvature in parameter coordinates ``h_b = c_b / s_b``, the relative standard
+  error of ``c_b`` (EMA of the per-step estimates), and the scales ``s_b``."""
   n = int(state.count)
+  c = [float(x) for x in jax.tree.leaves(state.c)]
+  v = [float(x) for x in jax.tree.leaves(state.c_sq)]
+  s = [float(x) for x in jax.tree.leaves(state.s)]
   corr = 1.0 - (1.0 - beta) ** max(n, 1)
-  m = [float(x) / corr for x in jax.tree.leaves(state.h_m)]
-  v = [float(x) / corr for x in jax.tree.leaves(state.h_v)]
-  # effective number of averaged samples of an EMA: (2 - beta) / beta
-  neff = min(n, (2 - beta) / beta)
-  rse = [float(jnp.sqrt(max(vv - mm * mm, 0.0) / max(neff, 1.0))) / max(abs(mm), 1e-30)
-         for mm, vv in zip(m, v, strict=True)]
-  return {"h": m, "rel_se": rse, "steps": n}
+  neff = min(n, (2 - beta) / beta)  # effective number of samples an EMA averages
+  rse = [float(np.sqrt(max(vv / corr - cc * cc, 0.0) / max(neff, 1.0))) / max(abs(cc), 1e-30)
+         for cc, vv in zip(c, v, strict=True)]
+  return {"h": [cc / ss for cc, ss in zip(c, s, strict=True)], "rel_se": rse, "scales": s,
+          "steps": n}
