@@ -20,15 +20,16 @@ validation split (``data.k_shot_split``); ``dev.tsv`` is the test set. ``--k-sho
 on all of ``train.tsv``.
 
 Heads: ``--head linear`` puts a linear layer on the mean-pooled hidden states, initialised
-by default as a linear probe (``--head-init lp``: L2-regularised logistic regression on the
-frozen features, ``heads.init_linear_probe``, its l2 picked on the validation split): the
-"LP-then-FT" recipe, which gives zeroth-order fine-tuning the strong start that MeZO's prompt
-gives a masked LM. ``--head-init zero`` starts from a zero head (chance). ``--head prompt``
-is MeZO's prompt-based classification: ``"<sentence> It was [MASK]."`` scored by the label
-words ``terrible``/``great`` at ``[MASK]``. all-MiniLM-L6-v2 ships no masked-LM head (its
-checkpoint has no ``cls.predictions.*``), so the words are scored with the tied input
-embeddings, ``h_mask . E[word]``, which starts at chance; a BERT checkpoint with an MLM head
-is scored with that head.
+with ``--data`` as a linear probe (``--head-init lp``: L2-regularised logistic regression on
+the frozen features, ``heads.init_linear_probe``, its l2 picked on the validation split):
+the "LP-then-FT" recipe, which gives zeroth-order fine-tuning the strong start that MeZO's
+prompt gives a masked LM. ``--head-init zero`` (the default on the synthetic set) starts
+from a zero head (chance). With ``--data`` the LoRA learning rates are the SST-2 study's
+(``SST2_LR``). ``--head prompt`` is MeZO's prompt-based classification: ``"<sentence> It was
+[MASK]."`` scored by the label words ``terrible``/``great`` at ``[MASK]``. all-MiniLM-L6-v2
+ships no masked-LM head (its checkpoint has no ``cls.predictions.*``), so the words are
+scored with the tied input embeddings, ``h_mask . E[word]``, which starts at chance; a BERT
+checkpoint with an MLM head is scored with that head.
 
 Outputs (``--out``): ``loss_curve.png``, ``results.json``, ``results.md``; with
 ``--ckpt-dir`` Orbax checkpoints that ``--resume`` continues bit for bit.
@@ -65,16 +66,18 @@ from hizoo_jax.models import bert, checkpoint, data, heads, peft
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYNTHETIC = os.path.join(HERE, "data", "sentiment")
 OPTIMIZERS = ("hizoo", "hizoo_l", "mezo", "zo_adam", "adam")
-# Learning rates per (mode, optimizer), batch 16. LoRA: the SST-2 study's (k = 512 per class,
-# linear-probe head; experiments/sst2, docs/results/sst2.md): from the grid 5e-4 / 1.5e-3 /
-# 5e-3, MeZO 5e-4 (1.5e-3 collapsed to chance by step 600, 5e-3 diverged at step 71) and HiZOO
-# 1.5e-3 (its growing H shrinks the step). FT and prefix: learn on the synthetic set (a small
-# grid per method, seed 0).
+# Learning rates per (mode, optimizer) that learn on the synthetic set with batch 16 (a
+# small grid per method, seed 0; docs/results/minilm.md).
 DEFAULT_LR = {
     ("ft", "hizoo"): 1e-4, ("ft", "hizoo_l"): 1e-4, ("ft", "mezo"): 1e-4,
-    ("lora", "hizoo"): 1.5e-3, ("lora", "hizoo_l"): 1.5e-3, ("lora", "mezo"): 5e-4,
+    ("lora", "hizoo"): 5e-3, ("lora", "hizoo_l"): 5e-3, ("lora", "mezo"): 2e-3,
     ("prefix", "hizoo"): 1e-2, ("prefix", "hizoo_l"): 1e-2, ("prefix", "mezo"): 3e-3,
 }
+# With --data (GLUE SST-2): the SST-2 study's LoRA learning rates (k = 512 per class,
+# linear-probe head; experiments/sst2, docs/results/sst2.md). From the grid 5e-4 / 1.5e-3 /
+# 5e-3: MeZO 5e-4 (1.5e-3 collapsed to chance by step 600, 5e-3 diverged at step 71), HiZOO
+# 1.5e-3 (its growing H shrinks the step). Other modes fall back to DEFAULT_LR.
+SST2_LR = {("lora", "hizoo"): 1.5e-3, ("lora", "hizoo_l"): 1.5e-3, ("lora", "mezo"): 5e-4}
 DEFAULT_MU = {"ft": 1e-3, "lora": 1e-3, "prefix": 1e-2}
 
 
@@ -375,8 +378,9 @@ def main(argv=None) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--mode", choices=peft.MODES, default="lora")
   p.add_argument("--head", choices=("linear", "prompt"), default="linear")
-  p.add_argument("--head-init", choices=("lp", "zero"), default="lp",
-                 help="linear head: linear-probe fit on the frozen features, or zeros")
+  p.add_argument("--head-init", choices=("lp", "zero"), default=None,
+                 help="linear head: linear-probe fit on the frozen features, or zeros "
+                      "(default: lp with --data, zero on the synthetic set)")
   p.add_argument("--probe-l2", default="auto",
                  help="l2 of the linear probe (auto: best on the validation split)")
   p.add_argument("--k-shot", type=int, default=None,
@@ -391,7 +395,8 @@ def main(argv=None) -> None:
   p.add_argument("--steps", type=int, default=400)
   p.add_argument("--batch-size", type=int, default=16)
   p.add_argument("--max-length", type=int, default=32)
-  p.add_argument("--lr", type=float, default=None, help="default: DEFAULT_LR[mode, optimizer]")
+  p.add_argument("--lr", type=float, default=None,
+                 help="default: SST2_LR (with --data) or DEFAULT_LR [mode, optimizer]")
   p.add_argument("--mu", type=float, default=None, help="default: 1e-3 (1e-2 for prefix)")
   p.add_argument("--alpha", type=float, default=1e-3, help="HiZOO hessian_smoothing")
   p.add_argument("--estimator", choices=("paper", "unbiased"), default="paper")
@@ -436,6 +441,8 @@ def main(argv=None) -> None:
   source = args.data or "the synthetic set in examples/data/sentiment (not SST-2)"
   k_shot = args.k_shot if args.k_shot is not None else (512 if args.data and not args.smoke
                                                         else 0)
+  if args.head_init is None:
+    args.head_init = "lp" if args.data else "zero"
   if args.smoke:  # a small test set; a k-shot train set is sampled from all of train
     sets = {k: (s[:16], y[:16]) if k == "dev" or not k_shot else (s, y)
             for k, (s, y) in sets.items()}
@@ -454,7 +461,8 @@ def main(argv=None) -> None:
   runs: dict[str, list[dict]] = {}
   objective = heads.objective(args.objective)
   for name in optimizers:
-    lr = args.lr if args.lr is not None else DEFAULT_LR.get((args.mode, name), 1e-3)
+    table = {**DEFAULT_LR, **SST2_LR} if args.data else DEFAULT_LR
+    lr = args.lr if args.lr is not None else table.get((args.mode, name), 1e-3)
     mu = args.mu if args.mu is not None else DEFAULT_MU[args.mode]
     for seed in seeds:
       clf, tokenizer = build_classifier(args, seed)

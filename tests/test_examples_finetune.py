@@ -49,6 +49,7 @@ def test_finetune_minilm_lora_hizoo_and_adam(tmp_path):
   out = run_example("finetune_minilm.py", "--mode", "lora", "--optimizer", "hizoo,adam",
                     "--out", str(tmp_path))
   assert "synthetic set" in out and "| hizoo |" in out and "| adam |" in out
+  assert "head_init=zero" in out  # the synthetic set keeps the zero head (minilm.md's runs)
   assert "Hessian estimate quantiles" in out
   res = check_outputs(str(tmp_path), ["hizoo", "adam"])
   # LoRA rank 8 on query/value of 6 layers + the 384x2 linear head
@@ -209,7 +210,8 @@ SST2 = os.path.join(ROOT, "..", "shared", "data", "sst2")
                     reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
 def test_finetune_minilm_k_shot_sst2_from_a_linear_probe(tmp_path):
   """--data SST-2 --k-shot 16: the head starts as a linear probe (l2 picked on the k-shot
-  validation split), so the first training losses are well below chance's ln 2."""
+  validation split), so the first training losses are well below chance's ln 2; the LoRA
+  learning rate is the SST-2 study's."""
   out = run_example("finetune_minilm.py", "--data", SST2, "--k-shot", "16", "--optimizer",
                     "mezo", "--out", str(tmp_path))
   assert "16 per class by seed" in out and "head_init=lp" in out
@@ -217,5 +219,6 @@ def test_finetune_minilm_k_shot_sst2_from_a_linear_probe(tmp_path):
   res = check_outputs(str(tmp_path), ["mezo"])
   (run,) = res["runs"]["mezo"]
   assert run["probe"]["l2"] in (1e-4, 1e-3, 1e-2, 1e-1)
+  assert run["lr"] == 5e-4  # the SST-2 study's MeZO LoRA lr (SST2_LR), the default with --data
   assert 0.0 <= run["probe"]["val_accuracy"] <= 1.0
   assert max(run["losses"]) < np.log(2)
