@@ -15,7 +15,9 @@ so the queue can be killed and restarted. Phases (``--phase``, run in order by `
    curvature variant;
 3. 5 seeds at the best lr (by validation CE) of MeZO, HiZOO, MeZO with lr / mean H(t) of the
    HiZOO run (the step-size control) and the curvature variant;
-4. k = 16, HiZOO-L, ZO-Adam, HiZOO paper settings, FT and prefix (fewer seeds/steps).
+4. k = 16, HiZOO-L, ZO-Adam, HiZOO paper settings, FT and prefix (fewer seeds/steps);
+5. the long budget: phase 3 at 5000 steps (checkpointed every 500 steps, resumable), then the
+   other methods, k = 16 and the other tuning modes at that scale.
 
     python experiments/sst2/study.py --phase all          # the queue (hours)
     python experiments/sst2/study.py --phase smoke        # tiny budgets, a minute
@@ -45,12 +47,13 @@ import blockh  # noqa: E402
 import finetune_minilm as ex  # noqa: E402
 
 import hizoo_jax as hz  # noqa: E402
-from hizoo_jax.models import data, heads, peft  # noqa: E402
+from hizoo_jax.models import checkpoint, data, heads, peft  # noqa: E402
 
 DATA = os.path.join(ROOT, "..", "shared", "data", "sst2")
 RESULTS = os.path.join(HERE, "results")
 PROBE_L2 = (1e-4, 1e-3, 1e-2, 1e-1)
 MU = {"ft": 1e-3, "lora": 1e-3, "prefix": 1e-2}
+CKPT_MIN_STEPS = 1000  # runs this long checkpoint at every evaluation
 
 _CACHE: dict = {}
 
@@ -204,9 +207,26 @@ def run_one(cfg):
   mean_h = []
   times = []
   evals = []
-  best = {"val_ce": init_eval["val"]["ce"], "step": 0, "params": None}
+  best = {"val_ce": init_eval["val"]["ce"], "step": 0}
+  best_params = jax.tree.map(jnp.copy, params)  # params are donated to the step
   eval_every = cfg.get("eval_every", 0)
-  for t in range(steps):
+  start = 0
+  # Long runs save params, optimizer state and the history at every evaluation and resume
+  # from there bit for bit (batches are a function of (seed, step), the noise of the
+  # state's key), so the queue can be killed and restarted at any time.
+  ckpt = None
+  if eval_every and steps >= CKPT_MIN_STEPS and not cfg.get("no_ckpt"):
+    ckpt = checkpoint.Checkpointer(os.path.join(RESULTS, "ckpt", cfg["id"]), max_to_keep=1)
+    if ckpt.latest_step() is not None:
+      tree = ckpt.restore({"params": params, "opt_state": opt_state, "best": params})
+      params, opt_state, best_params = tree["params"], tree["opt_state"], tree["best"]
+      with open(os.path.join(ckpt.directory, "history.json")) as fh:
+        hist = json.load(fh)
+      start = int(ckpt.latest_step())
+      losses[:start] = np.asarray(hist["losses"], np.float32)[:start]
+      mean_h, times, evals, best = hist["mean_h"], hist["times"], hist["evals"], hist["best"]
+      print(f"  {cfg['id']}: resumed at step {start}", flush=True)
+  for t in range(start, steps):
     b = data.batch_indices(len(labels), bs, seed, t)
     t0 = time.perf_counter()
     params, opt_state, loss = step(params, opt_state, frozen, ids[b], mask[b], labels[b])
@@ -219,21 +239,36 @@ def run_one(cfg):
       break
     if eval_every and (t + 1) % eval_every == 0 and t + 1 < steps:
       ev = evaluate(params, frozen, *val)
-      evals.append({"step": t + 1, **ev})
+      tr = evaluate(params, frozen, *train)
+      evals.append({"step": t + 1, **ev, "train_ce": tr["ce"], "train_accuracy": tr["accuracy"]})
       if ev["ce"] < best["val_ce"]:
-        best = {"val_ce": ev["ce"], "step": t + 1,
-                "params": jax.tree.map(lambda x: np.array(x), params)}
+        best = {"val_ce": ev["ce"], "step": t + 1}
+        best_params = jax.tree.map(jnp.copy, params)
       print(f"  {cfg['id']} step {t + 1}: loss(50) {np.nanmean(losses[max(0, t - 49):t + 1]):.4f}"
-            f" val acc {ev['accuracy']:.3f} ce {ev['ce']:.4f}", flush=True)
+            f" val acc {ev['accuracy']:.3f} ce {ev['ce']:.4f} train ce {tr['ce']:.4f}"
+            f" ({time.strftime('%H:%M:%S')})", flush=True)
+      if ckpt is not None:
+        ckpt.save(t + 1, {"params": params, "opt_state": opt_state, "best": best_params})
+        hist = {"losses": losses[:t + 1].tolist(), "mean_h": mean_h, "times": times,
+                "evals": evals, "best": best}
+        tmp = os.path.join(ckpt.directory, "history.json.tmp")
+        with open(tmp, "w") as fh:
+          json.dump(hist, fh)
+        os.replace(tmp, os.path.join(ckpt.directory, "history.json"))
+    if cfg.get("stop_after") == t + 1:  # the smoke test's interruption
+      ckpt.close()
+      return None
   final = evaluate_all(evaluate, params, frozen, {"val": val, "test": test, "train": train})
-  evals.append({"step": steps, **final["val"]})
+  evals.append({"step": steps, **final["val"], "train_ce": final["train"]["ce"],
+                "train_accuracy": final["train"]["accuracy"]})
   if final["val"]["ce"] < best["val_ce"]:
-    best = {"val_ce": final["val"]["ce"], "step": steps, "params": None}
+    best = {"val_ce": final["val"]["ce"], "step": steps}
   if best["step"] == steps or best["step"] == 0:
     selected = final if best["step"] == steps else init_eval
   else:
-    p = jax.tree.map(jnp.asarray, best["params"])
-    selected = evaluate_all(evaluate, p, frozen, {"val": val, "test": test})
+    selected = evaluate_all(evaluate, best_params, frozen, {"val": val, "test": test})
+  if ckpt is not None:
+    ckpt.close()
   out.update(final=final, selected={"step": best["step"], **selected}, evals=evals,
              losses=losses.tolist(), mean_h=mean_h or None,
              sec_per_step=float(np.median(times[1:])) if len(times) > 1 else float("nan"),
@@ -365,6 +400,35 @@ def phase4():
       execute(cfg_of(m, mode, 512, 0, lr, 300, **vk.get(m, {})))
 
 
+# Phase 5: the budget this machine allows. The main comparison again at 5000 steps (8.3x the
+# 600 of phase 3; 10,000 forward passes for MeZO), evaluated every 500 steps (validation and
+# the whole k-shot training set) and checkpointed there; then the curvature variant, the
+# other methods (seed 0), k = 16 and the other tuning modes.
+LONG_STEPS = 5000
+LONG_EVAL = 500
+
+
+def phase5(seeds=SEEDS, steps=LONG_STEPS):
+  kw = dict(eval_every=LONG_EVAL)
+  for s in seeds:
+    execute(cfg_of("mezo", "lora", 512, s, 5e-4, steps, **kw))
+    hz_run = cfg_of("hizoo", "lora", 512, s, 1.5e-3, steps, **kw)
+    execute(hz_run)
+    if done(hz_run["id"]):
+      execute(cfg_of("mezo_hctl", "lora", 512, s, 1.5e-3, steps, hctl_of=hz_run["id"], **kw))
+  for s in seeds:
+    execute(cfg_of("blockh_sqrt", "lora", 512, s, 5e-4, steps, kappa=4.0, tag="_k4v2", **kw))
+  for m, lr in (("hizoo_l", 1.5e-3), ("zo_adam", 1e-4), ("hizoo_paper", 5e-4),
+                ("hizoo_preset", 5e-4)):
+    execute(cfg_of(m, "lora", 512, 0, lr, steps, **kw))
+  for s in (0, 1, 2):
+    for m, lr in (("mezo", 5e-4), ("hizoo", 1.5e-3)):
+      execute(cfg_of(m, "lora", 16, s, lr, 1000, eval_every=250))
+  for mode, lr in (("prefix", 1e-3), ("ft", 1e-5)):
+    for m in ("mezo", "hizoo"):
+      execute(cfg_of(m, mode, 512, 0, lr, 2000, eval_every=500))
+
+
 def smoke():
   global RESULTS
   RESULTS = os.path.join(HERE, "results_smoke")
@@ -373,6 +437,16 @@ def smoke():
     execute(cfg_of(m, "lora", 16, 0, 1e-3, 8, eval_every=4))
   execute(cfg_of("mezo_hctl", "lora", 16, 0, 1e-3, 8, eval_every=4,
                  hctl_of=cfg_of("hizoo", "lora", 16, 0, 1e-3, 8)["id"]))
+  # a checkpointed run, stopped half way (as the queue may be) and resumed bit for bit
+  global CKPT_MIN_STEPS
+  CKPT_MIN_STEPS = 8
+  whole = cfg_of("mezo", "lora", 16, 0, 1e-3, 8, eval_every=4, tag="_ckpt")
+  half = dict(whole, stop_after=4)
+  assert run_one(half) is None
+  resumed = execute(whole)
+  reference = run_one(dict(whole, no_ckpt=True))
+  assert resumed["losses"] == reference["losses"], "resumed run differs"
+  print("checkpoint resume: identical losses", flush=True)
 
 
 def main():
@@ -381,7 +455,7 @@ def main():
   a = p.parse_args()
   print(f"jax {jax.__version__} {jax.devices()} hizoo_jax from {os.path.dirname(hz.__file__)}",
         flush=True)
-  phases = {"1": phase1, "2": phase2, "3": phase3, "4": phase4, "smoke": smoke}
+  phases = {"1": phase1, "2": phase2, "3": phase3, "4": phase4, "5": phase5, "smoke": smoke}
   todo = ["1", "2", "3", "4"] if a.phase == "all" else a.phase.split(",")
   for ph in todo:
     print(f"##### phase {ph} ({time.strftime('%H:%M:%S')})", flush=True)
