@@ -4,18 +4,18 @@ Three measurements (each a section of the JSON and of ``benchmarks/RESULTS.md``)
 
 * ``memory``: for each optimizer composition users build, the transient memory of
   ``hz.make_train_step`` over a forward pass, in param bytes (6 x 4096^2 float32 leaves, 64
-  rows), from compiled ``memory_analysis()``: what an executable allocates beyond its
+  rows), from compiled ``memory_analysis()``: what the program allocates beyond its
   arguments (temporaries + outputs not aliased to donated arguments), minus the forward
   pass's temporaries; params and optimizer state themselves are not counted. At top level
-  (several donated executables: the max over them) and traced into a user's ``jax.jit``
-  that donates params and state (one program). The plain step (``lean=False``) for
-  reference.
-* ``small``: the default step against the one-executable step and against the several-
-  executables step on the digits-size MLP (64-128-128-10, batch 64): medians of paired
-  timings (>= 7 after warm-up).
-* ``compile``: the first call (trace + compile + run) of ``make_train_step`` on a
-  200-tensor model (a chain of 200 64x64 layers) against a jitted first-order Adam step
-  on the same model, each in a fresh process.
+  (``step.lower``) and traced into a user's ``jax.jit`` that donates params and state.
+  The plain step (``lean=False``) for reference.
+* ``small``: the default (lean) step against the plain step (one jitted ``tx.update``) on
+  the digits-size MLP (64-128-128-10, batch 64): medians of paired timings (>= 7 after
+  warm-up).
+* ``compile``: the first call (trace + compile + run) of ``make_train_step`` on 200-tensor
+  models against a jitted first-order Adam step on the same model, each in a fresh
+  process: a chain of 200 64 x 64 layers (one shape, like a transformer's repeated
+  layers), and a chain of 200 layers of 200 different shapes (every leaf its own kernel).
 
     python benchmarks/engine.py [--only memory|small|compile] [--out benchmarks/results/engine.json]
 """
@@ -73,20 +73,6 @@ def transient(compiled):
   return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
 
 
-def _several(tx, params, state, x, y):
-  ex = hz.make_train_step(tx, mlp_loss, executables="several").executables(params, state)
-  z = jnp.zeros((), jnp.float32)
-  passes = {"perturb": ex.perturb_inplace.lower(params, state, 1.0)}
-  if ex.hizoo:
-    passes["fwd0"] = ex.fwd0.lower(params, state, x, y)
-  if ex.split_update:
-    passes["update_params"] = ex.update_params.lower(params, state, z, z, z)
-    passes["update_state"] = ex.update_state.lower(state, params, z, z, z)
-  else:
-    passes["update"] = ex.update.lower(params, state, z, z, z)
-  return {k: transient(v.compile()) for k, v in passes.items()}
-
-
 def memory():
   params = mlp_params(MEMORY_SIZES)
   x, y = batch(MEMORY_SIZES, ROWS)
@@ -96,20 +82,14 @@ def memory():
   for name, make in COMPOSITIONS.items():
     tx = make()
     state = tx.init(params)
-    plain_step = hz.make_train_step(tx, mlp_loss, lean=False)
-    plain = transient(plain_step.executables(params, state).lower(params, state, x, y)
-                      .compile())
-    several = _several(tx, params, state, x, y)
+    plain = transient(hz.make_train_step(tx, mlp_loss, lean=False)
+                      .lower(params, state, x, y).compile())
     step = hz.make_train_step(tx, mlp_loss)
+    top = transient(step.lower(params, state, x, y).compile())
     user = jax.jit(lambda p, s, step=step: step(p, s, x, y), donate_argnums=(0, 1))
     traced = transient(user.lower(params, state).compile())
-    row = dict(
-        composition=name,
-        plain=(plain - fwd) / pbytes,
-        top_level=(max(several.values()) - fwd) / pbytes,
-        top_level_passes={k: (v - fwd) / pbytes for k, v in several.items()},
-        in_user_jit=(traced - fwd) / pbytes,
-    )
+    row = dict(composition=name, plain=(plain - fwd) / pbytes, top_level=(top - fwd) / pbytes,
+               in_user_jit=(traced - fwd) / pbytes)
     rows.append(row)
     print(f"{name}: plain {row['plain']:.2f}  top level {row['top_level']:.2f}  "
           f"in jit {row['in_user_jit']:.2f}", flush=True)
@@ -121,34 +101,38 @@ def small(repeats=15):
   x, y = batch(sizes, 64)
   out = []
   for name, make in (("MeZO", lambda: hz.mezo(1e-3)), ("HiZOO", lambda: hz.hizoo(1e-3))):
-    res = {}
-    for engine in ("auto", "one", "several"):
+    calls = {}
+    for path in ("lean", "plain"):
       tx = make()
-      params = mlp_params(sizes)
-      state = [tx.init(params)]
-      holder = [params]
-      step = hz.make_train_step(tx, mlp_loss, executables=engine)
+      box = [mlp_params(sizes), None]
+      box[1] = tx.init(box[0])
+      step = hz.make_train_step(tx, mlp_loss, lean=path == "lean")
 
-      def call(step=step, holder=holder, state=state):
-        holder[0], state[0], loss = step(holder[0], state[0], x, y)
+      def call(step=step, box=box):
+        box[0], box[1], loss = step(box[0], box[1], x, y)
         loss.block_until_ready()
 
-      res[engine] = call
-    _, _, auto_vs_one = time_paired(res["auto"], res["one"], repeats=repeats, warmup=3)
-    _, _, several_vs_one = time_paired(res["several"], res["one"], repeats=repeats, warmup=3)
-    row = dict(optimizer=name, default_over_one=quartiles(auto_vs_one),
-               several_over_one=quartiles(several_vs_one))
+      calls[path] = call
+    t_lean, t_plain, ratios = time_paired(calls["lean"], calls["plain"], repeats=repeats,
+                                          warmup=3)
+    row = dict(optimizer=name, default_over_plain=quartiles(ratios),
+               default_ms=t_lean * 1e3, plain_ms=t_plain * 1e3)
     out.append(row)
-    print(f"small {name}: default/one {row['default_over_one'][1]:.2f}  "
-          f"several/one {row['several_over_one'][1]:.2f}", flush=True)
+    print(f"small {name}: default/plain {row['default_over_plain'][1]:.2f} "
+          f"({t_lean * 1e3:.2f} ms vs {t_plain * 1e3:.2f} ms)", flush=True)
   return out
 
 
-def _compile_child(kind):
-  """One fresh process: the first call of one step on the 200-tensor model, in seconds."""
+def _chain_model(kind):
+  """200 tanh layers: 64 x 64 each ("same"), or 200 different shapes ("distinct")."""
   n = 200
-  params = {f"w{i:03d}": jnp.eye(64, dtype=jnp.float32) * 0.9 for i in range(n)}
-  x = jnp.ones((16, 64), jnp.float32)
+  if kind == "same":
+    widths = [64] * (n + 1)
+  else:
+    widths = [48 + i for i in range(n + 1)]
+  params = {f"w{i:03d}": jnp.eye(widths[i], widths[i + 1], dtype=jnp.float32) * 0.9
+            for i in range(n)}
+  x = jnp.ones((16, widths[0]), jnp.float32)
 
   def loss(p, x):
     h = x
@@ -156,8 +140,15 @@ def _compile_child(kind):
       h = jnp.tanh(h @ p[k])
     return jnp.mean(h ** 2)
 
+  return params, x, loss
+
+
+def _compile_child(kind):
+  """One fresh process: the first call of one step on a 200-tensor model, in seconds."""
+  model, step_kind = kind.split(":", 1)
+  params, x, loss = _chain_model(model)
   t = time.perf_counter()
-  if kind == "adam":
+  if step_kind == "adam":
     tx = optax.adam(1e-3)
     state = tx.init(params)
 
@@ -169,27 +160,32 @@ def _compile_child(kind):
 
     jax.block_until_ready(step(params, state, x))
   else:
-    opt, engine = kind.split(":")
+    opt, path = step_kind.split(":")
     tx = hz.mezo(1e-3) if opt == "mezo" else hz.hizoo(1e-3)
     state = tx.init(params)
-    kw = dict(lean=False) if engine == "plain" else dict(executables=engine)
-    jax.block_until_ready(hz.make_train_step(tx, loss, **kw)(params, state, x))
+    jax.block_until_ready(hz.make_train_step(tx, loss, lean=path == "lean")(params, state, x))
   return time.perf_counter() - t
 
 
+STEPS = ["adam", "mezo:lean", "hizoo:lean", "mezo:plain", "hizoo:plain"]
+
+
 def compile_times(repeats=3):
-  kinds = ["adam", "mezo:one", "mezo:several", "hizoo:one", "hizoo:several", "hizoo:plain"]
-  times = {k: [] for k in kinds}
-  for _ in range(repeats):  # interleaved, so that all kinds see the same machine
-    for k in kinds:
-      out = subprocess.run([sys.executable, __file__, "--compile-child", k],
-                           capture_output=True, text=True, check=True)
-      times[k].append(float(out.stdout.strip().splitlines()[-1]))
-  adam = float(np.median(times["adam"]))
-  rows = [dict(step=k, seconds=float(np.median(v)), over_adam=float(np.median(v)) / adam)
-          for k, v in times.items()]
-  for r in rows:
-    print(f"compile {r['step']}: {r['seconds']:.2f} s = {r['over_adam']:.1f} x Adam", flush=True)
+  rows = []
+  for model in ("same", "distinct"):
+    kinds = [f"{model}:{k}" for k in STEPS]
+    times = {k: [] for k in kinds}
+    for _ in range(repeats):  # interleaved, so that all kinds see the same machine
+      for k in kinds:
+        out = subprocess.run([sys.executable, __file__, "--compile-child", k],
+                             capture_output=True, text=True, check=True)
+        times[k].append(float(out.stdout.strip().splitlines()[-1]))
+    adam = float(np.median(times[f"{model}:adam"]))
+    for k, v in times.items():
+      rows.append(dict(model=model, step=k.split(":", 1)[1], seconds=float(np.median(v)),
+                       over_adam=float(np.median(v)) / adam, runs=v))
+      print(f"compile {k}: {rows[-1]['seconds']:.2f} s = {rows[-1]['over_adam']:.1f} x Adam",
+            flush=True)
   return rows
 
 

@@ -2,9 +2,8 @@
 
 Model: 4 layers of 4096 x 4096 float32 (256 MiB of params), 64 rows. Two measures:
 
-* compiled: ``memory_analysis()`` of the executables (arguments + outputs - aliased +
-  temporaries). The plain step is one executable; the lean step is several, and its peak
-  is the largest of them, plus the optimizer state the executable does not take.
+* compiled: ``memory_analysis()`` of the step's executable (arguments + outputs - aliased
+  + temporaries), the plain and the lean step alike.
 * process peak RSS: every configuration runs in a fresh process that builds the params,
   compiles and runs the forward pass, resets the peak RSS (``/proc/self/clear_refs``,
   after ``malloc_trim``), runs 3 forward passes and reads the peak; then it creates the
@@ -25,7 +24,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from common import (  # noqa: E402
   MEMORY_SIZES,
   batch,
@@ -58,31 +56,16 @@ def compiled_table():
   pbytes = nbytes(params)
   fwd = compiled_peak(jax.jit(mlp_loss).lower(params, x, y).compile())
   rows = []
-  z = jnp.zeros((), jnp.float32)
   for name, make in OPTIMIZERS.items():
     for sname, sampler in SAMPLERS.items():
       tx = make(sampler)
       state = tx.init(params)
-      sbytes = nbytes(state)
-      plain = hz.make_train_step(tx, mlp_loss, lean=False)
-      plain_peak = compiled_peak(plain.executables(params, state).lower(params, state, x, y)
-                                 .compile())
-      lean = hz.make_train_step(tx, mlp_loss, lean=True,
-                                executables="several").executables(params, state)
-      phases = {
-          # executables that do not take the state still see it alive: add it
-          "forward": fwd + sbytes,
-          "perturb": compiled_peak(lean.perturb_inplace.lower(params, state, 1.0).compile()),
-          "update_params": compiled_peak(lean.update_params.lower(params, state, z, z, z)
-                                         .compile()),
-          "update_state": compiled_peak(lean.update_state.lower(state, params, z, z, z)
-                                        .compile()) + pbytes,
-      }
-      lean_peak = max(phases.values())
+      # the step's peak holds the optimizer state (HiZOO's H: 1.0 param bytes)
+      peaks = {path: compiled_peak(hz.make_train_step(tx, mlp_loss, lean=path == "lean")
+                                   .lower(params, state, x, y).compile()) for path in PATHS}
       rows.append(dict(optimizer=name, sampler=sname,
-                       plain_extra=(plain_peak - fwd) / pbytes,
-                       lean_extra=(lean_peak - fwd) / pbytes,
-                       lean_phases={k: (v - fwd) / pbytes for k, v in phases.items()}))
+                       plain_extra=(peaks["plain"] - fwd) / pbytes,
+                       lean_extra=(peaks["lean"] - fwd) / pbytes))
   return dict(param_bytes=pbytes, forward_peak_bytes=fwd, rows=rows)
 
 

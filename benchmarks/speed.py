@@ -6,10 +6,9 @@ jitted forward pass (``fwd``) on the same batch. Each step is timed alternately 
 passes (fwd, step, fwd, step, ...) and its ratio is the median of the per-pair ratios, so a
 machine whose speed drifts between rows (a shared VM) does not skew the ratios:
 
-* the default step (``hz.make_train_step``: one executable at this size) of MeZO, HiZOO,
-  HiZOO-L, HiZOO with ``hessian_update_every=10`` (whole cycles of 10 steps), at 1024
-  rows, with the default fused sampler; and, for comparison, the several-executables
-  step, the plain step and the threefry sampler;
+* the default step (``hz.make_train_step``) of MeZO, HiZOO, HiZOO-L, HiZOO with
+  ``hessian_update_every=10`` (whole cycles of 10 steps), at 1024 rows, with the default
+  fused sampler; and, for comparison, the plain step and the threefry sampler;
 * one draw of 12.6M normals by each generator;
 * at 64 rows, the HiZOO and MeZO steps against the reference PyTorch step
   (benchmarks/torch_reference.py), side by side, and their ratio again from alternate calls
@@ -73,10 +72,10 @@ def block(tree):
   return tree
 
 
-def step_caller(tx, params, x, y, *, lean=True, steps_per_call=1, executables="auto"):
+def step_caller(tx, params, x, y, *, lean=True, steps_per_call=1):
   """A blocking call that runs ``steps_per_call`` steps of ``tx`` on its own copy of params."""
   state = tx.init(params)
-  step = hz.make_train_step(tx, mlp_loss, lean=lean, executables=executables)
+  step = hz.make_train_step(tx, mlp_loss, lean=lean)
   box = {"p": jax.tree.map(jnp.copy, params), "s": state}
 
   def call():
@@ -87,11 +86,9 @@ def step_caller(tx, params, x, y, *, lean=True, steps_per_call=1, executables="a
   return call
 
 
-def time_step(tx, params, x, y, *, fwd, lean=True, steps_per_call=1, repeats=7,
-              executables="auto"):
+def time_step(tx, params, x, y, *, fwd, lean=True, steps_per_call=1, repeats=7):
   """Seconds per step, seconds per forward pass and the quartiles of their paired ratio."""
-  call = step_caller(tx, params, x, y, lean=lean, steps_per_call=steps_per_call,
-                     executables=executables)
+  call = step_caller(tx, params, x, y, lean=lean, steps_per_call=steps_per_call)
   t, t_fwd, ratios = time_paired(call, lambda: block(fwd(params, x, y)), repeats=repeats)
   return t / steps_per_call, t_fwd, quartiles([r / steps_per_call for r in ratios])
 
@@ -116,8 +113,6 @@ def main():
       "HiZOO-L": (lambda: hz.hizoo_l(1e-6), {}),
       "HiZOO, hessian_update_every=10": (lambda: hz.hizoo(1e-6, hessian_update_every=10),
                                          dict(steps_per_call=10)),
-      "MeZO, several executables": (lambda: hz.mezo(1e-6), dict(executables="several")),
-      "HiZOO, several executables": (lambda: hz.hizoo(1e-6), dict(executables="several")),
       "MeZO, plain step": (lambda: hz.mezo(1e-6), dict(lean=False)),
       "HiZOO, plain step": (lambda: hz.hizoo(1e-6), dict(lean=False)),
       "MeZO, threefry sampler": (lambda: hz.mezo(1e-6, sampler=hz.gaussian), {}),

@@ -83,21 +83,10 @@ def param_shardings(params, mesh: Mesh):
 
 
 def pass_memory(step, params, state, batch):
-  """Largest per-device footprint (arguments + temporaries) over the step's passes."""
-  ex = step.executables(params, state)
-  if not hasattr(ex, "fwd"):  # small models: the whole step is one executable
-    lowered = [ex.lower(params, state, *batch)]
-  else:
-    z = jnp.zeros(())
-    lowered = [ex.fwd.lower(params, *batch), ex.perturb_inplace.lower(params, state, 1.0),
-               ex.update_params.lower(params, state, z, z, z),
-               ex.update_state.lower(state, params, z, z, z)]
-  peaks = []
-  for lo in lowered:
-    m = lo.compile().memory_analysis()
-    peaks.append(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-                 + m.temp_size_in_bytes)
-  return max(peaks)
+  """The step's per-device footprint: arguments + new outputs + temporaries."""
+  m = step.lower(params, state, *batch).compile().memory_analysis()
+  return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+          + m.temp_size_in_bytes)
 
 
 def main():

@@ -90,8 +90,6 @@ def test_build_time_errors():
     hz.make_train_step(optax.chain(optax.clip(1.0), optax.sgd(1e-3)), loss_fn)
   with pytest.raises(ValueError, match="restore"):
     hz.make_train_step(hz.mezo(1e-3), loss_fn, restore="copy")
-  with pytest.raises(ValueError, match="executables"):
-    hz.make_train_step(hz.mezo(1e-3), loss_fn, executables="two")
   # two ZO transforms (one per group): the plain step; lean=True refuses
   two = optax.multi_transform({"a": hz.mezo(1e-3), "b": hz.mezo(1e-3, seed=1)},
                               {"l0": "a", "l1": "b"})
@@ -121,33 +119,6 @@ def test_lean_step_donates_and_can_keep_inputs():
   hz.make_train_step(tx, loss_fn, donate=False)(kept_p, kept_s, X, Y)
   assert not kept_p["l0"]["w"].is_deleted()
   assert not otu.tree_get(kept_s, "hessian")["l0"]["w"].is_deleted()
-
-
-@pytest.mark.parametrize("make, limit", [
-    (lambda: hz.mezo(1e-3), 0.1),
-    (lambda: hz.hizoo(1e-3), 0.1),      # plus its H, which is state, not temporary
-    (lambda: hz.hizoo_l(1e-3), 0.1),    # row blocks of one factored leaf at a time
-], ids=["mezo", "hizoo", "hizoo_l"])
-def test_lean_executables_need_no_params_sized_temporaries(make, limit, monkeypatch):
-  """Compiled temporaries of every lean pass, in units of the params' bytes."""
-  from hizoo_jax._src import curvature
-
-  monkeypatch.setattr(curvature, "BLOCK_ELEMENTS", 8192)  # 256 x 256 leaves: 8 row blocks
-  tx = make()
-  params = mlp([256, 256, 256, 256, 256], jnp.float32)
-  nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
-  state = tx.init(params)
-  ex = hz.make_train_step(tx, loss_fn, executables="several").executables(params, state)
-  z = jnp.zeros((), jnp.float32)
-  assert ex.split_update  # the state does not read the params: two in-place updates
-  temps = {
-      "perturb": ex.perturb_inplace.lower(params, state, 1.0),
-      "update_params": ex.update_params.lower(params, state, z, z, z),
-      "update_state": ex.update_state.lower(state, params, z, z, z),
-  }
-  for name, lowered in temps.items():
-    temp = lowered.compile().memory_analysis().temp_size_in_bytes
-    assert temp <= limit * nbytes, (name, temp / nbytes)
 
 
 def test_auto_restore_is_exact_for_16_bit_params_and_in_place_otherwise():

@@ -110,7 +110,7 @@ def perturb(spec: ZOSpec, params: Any, hessian: Any, dir_key: jax.Array, step: j
   """
   leaves, treedef = jax.tree.flatten(params)
   h_leaves = [None] * len(leaves) if hessian is None else treedef.flatten_up_to(hessian)
-  words = sampling.DirectionWords(dir_key, len(leaves))
+  words = sampling.DirectionWords(dir_key, len(leaves), leaves)
   out = []
   for i, (p, h) in enumerate(zip(leaves, h_leaves, strict=True)):
     z = words.noise(spec.sampler, i, p)
@@ -190,14 +190,11 @@ def estimate(
     # it), so neither its estimate nor its noise is materialised and at most one leaf's
     # temporaries are alive.
     new_h, new_g, last = [], [], None
-    words = sampling.DirectionWords(dkey, len(leaves))
+    words = sampling.DirectionWords(dkey, len(leaves), leaves)
     for i, (p, h, g) in enumerate(zip(leaves, h_leaves, g_leaves, strict=True)):
 
       def zfn(after=(), i=i, p=p):
-        if not jax.tree.leaves(after):
-          return words.noise(spec.sampler, i, p)
-        tied = sampling.DirectionWords(sampling.tie(dkey, after), len(leaves))
-        return tied.noise(spec.sampler, i, p)
+        return words.noise(spec.sampler, i, p, after)
 
       strategy = curv.strategy_of(h)
       if strategy is curv.FACTORED:
@@ -211,11 +208,15 @@ def estimate(
             h,
         )
         last = h
-      elif strategy is curv.DENSE:
-        h_up = strategy.update(h, zfn, c, alpha, estimator=spec.estimator,
+      z = zfn()
+      if strategy is curv.DENSE:
+        # The lean train step (losses given) updates H and the params in one program:
+        # sharing one z between the two passes would make XLA store it (a params-sized
+        # buffer); an opaque key makes each pass draw it again (one more hash per element).
+        zh = zfn(after=(c,)) if losses is not None else z
+        h_up = strategy.update(h, zh, c, alpha, estimator=spec.estimator,
                                clip=spec.hessian_clip)
         h = jnp.where(do_h, h_up, h)
-      z = zfn()
       s = strategy.inv_sqrt(h, spec.hessian_clip)
       direction_g = z if s is None else s.astype(z.dtype) * z
       new_h.append(h)

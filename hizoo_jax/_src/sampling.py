@@ -22,6 +22,7 @@ whose per-leaf threefry calls dominated compile time at 200 tensors).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -105,6 +106,7 @@ _FAST_A = 0.9490332780957843
 _FAST_B = 0.018642382500609324
 _FAST_SCALE = 1.7320640222190664
 _GOLDEN = 0x9E3779B9  # odd: idx * _GOLDEN is a bijection of the 32-bit counter
+_GOLDEN_INV = pow(_GOLDEN, -1, 2**32)
 
 
 def _six_bit_pieces(x: float, count: int = 3) -> tuple[float, ...]:
@@ -144,20 +146,26 @@ def _mix32(x: jax.Array) -> jax.Array:
   return x ^ (x >> 16)
 
 
-def _flat_index(shape: tuple[int, ...], row_offset: Any = 0, rows: int | None = None):
-  """Row-major element index of ``shape`` as uint32, built from per-axis iotas.
+def _flat_index(shape: tuple[int, ...], row_offset: Any = 0, rows: int | None = None,
+                offset: Any = 0):
+  """Row-major element index of ``shape``, plus ``offset``, as uint32 (wrapping).
 
   With ``rows``, only rows ``[row_offset, row_offset + rows)`` of axis -2 (all leading
-  indices): the indices of that block within the full ``shape``.
+  indices): the indices of that block within the full ``shape``. ``offset`` is added to the
+  last axis's iota first: when it is run-time data, no params-sized part of the index is a
+  compile-time constant, which XLA would hoist out of a loop into a params-sized buffer.
   """
   out_shape = shape if rows is None else shape[:-2] + (rows,) + shape[-1:]
-  idx = jnp.zeros(out_shape, jnp.uint32)
+  offset = jnp.asarray(offset).astype(jnp.uint32)
+  if not shape:
+    return offset
+  idx = None
   stride = 1
   for axis in reversed(range(len(shape))):
     pos = jax.lax.broadcasted_iota(jnp.uint32, out_shape, axis)
     if rows is not None and axis == len(shape) - 2:
       pos = pos + jnp.asarray(row_offset).astype(jnp.uint32)
-    idx = idx + pos * jnp.uint32(stride)
+    idx = pos + offset if idx is None else idx + pos * jnp.uint32(stride)
     stride *= shape[axis]
   return idx
 
@@ -181,13 +189,20 @@ class FastGaussian(Sampler):
   each shard of a sharded leaf computes its own slice. Leaves must have < 2**32 elements.
   """
 
-  def _values(self, key, idx, dtype):
+  def _values(self, key, shape, dtype, start=0, count=None):
     words = jax.random.key_data(key).reshape(-1)
-    return self._hash_values(words[0], words[-1], idx, dtype)
+    return self._hash_values(words[0], words[-1], shape, dtype, start, count)
 
-  def _hash_values(self, w0, w1, idx, dtype):
-    h = _mix32((idx * jnp.uint32(_GOLDEN) + w0) ^ w1)
-    byte_sum = (h & 0xFF) + ((h >> 8) & 0xFF) + ((h >> 16) & 0xFF) + (h >> 24)
+  def _hash_values(self, w0, w1, shape, dtype, start=0, count=None):
+    # Element i hashes mix32((i * GOLDEN + w0) ^ w1), computed as
+    # mix32(((i + w0 GOLDEN^-1) GOLDEN) ^ w1): the same uint32 (GOLDEN is odd, so it has an
+    # inverse mod 2**32), with the key word entering the element index at its first op.
+    offset = jnp.asarray(w0).astype(jnp.uint32) * jnp.uint32(_GOLDEN_INV)
+    idx = _flat_index(shape, start, count, offset=offset)
+    h = _mix32((idx * jnp.uint32(_GOLDEN)) ^ w1)
+    # The sum of the four bytes, two at a time: bytes 0 + 1 and 2 + 3 in two 16-bit lanes.
+    pairs = (h & 0x00FF00FF) + ((h >> 8) & 0x00FF00FF)
+    byte_sum = (pairs & 0xFFFF) + (pairs >> 16)
     m = byte_sum.astype(jnp.int32) - 510
     mf = m.astype(jnp.float32)
     m2 = (m * m).astype(jnp.float32)
@@ -199,15 +214,26 @@ class FastGaussian(Sampler):
   def sample(self, key, shape, dtype):
     shape = tuple(shape)
     _check_size(shape)
-    return self._values(key, _flat_index(shape), dtype)
+    words = jax.random.key_data(key).reshape(-1)
+    return _fast_noise(words[0], words[-1], shape=shape, dtype=jnp.dtype(dtype))
 
   def rows(self, key, shape, dtype, start, count):
     shape = tuple(shape)
     _check_size(shape)
-    return self._values(key, _flat_index(shape, start, count), dtype)
+    return self._values(key, shape, dtype, start, count)
 
   def __repr__(self):
     return "hizoo_jax.fast_gaussian"
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _fast_noise(w0: jax.Array, w1: jax.Array, *, shape: tuple[int, ...], dtype) -> jax.Array:
+  """:class:`FastGaussian` noise of one leaf from its two key words.
+
+  Jitted so that a model with hundreds of leaves traces it once per leaf shape: each call
+  is one cached ``jit`` call in the caller's program (XLA inlines it).
+  """
+  return fast_gaussian._hash_values(w0, w1, shape, dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,37 +299,149 @@ def _leaf_salt(index: int) -> int:
   return x ^ (x >> 16)
 
 
+def _runtime_one(word: jax.Array) -> jax.Array:
+  """The int32 1, computed from ``word`` so that the compiler cannot know it is 1.
+
+  ``f != f`` is false for every float but NaN, and ``f`` here is a 23-bit integer (never
+  NaN); XLA does not fold a float's self-comparison, because of NaN.
+  """
+  f = (word >> 9).astype(jnp.float32)
+  return 1 + (f != f).astype(jnp.int32)
+
+
+@jax.jit
+def _mix_word(word: jax.Array, salt: jax.Array) -> jax.Array:
+  return _mix32(word ^ salt)
+
+
+def _run_time_scalars(word: jax.Array, salts: tuple[int, ...], positions: tuple[int, ...]):
+  """``mix32(word ^ salt)`` for each salt, and the ``positions``, as separate scalars of
+  run-time data.
+
+  Why not ``_mix32(word ^ salts)[i]`` and a constant position: XLA compiles one
+  machine-code kernel per distinct fused computation and reuses it for identical ones. A
+  leaf's constant index or salt inside its fused pass makes every leaf's pass distinct, so
+  a model with hundreds of tensors compiled hundreds of noise kernels (20-40 ms each on a
+  CPU: 22 s of the first step of a 200-tensor MeZO model). Here the values enter as the
+  initial values of a loop that runs once at run time (its trip count is data the
+  compiler cannot see through, so it is neither unrolled nor folded) and come out as
+  separate scalar buffers: the passes of all leaves of one shape and dtype are then one
+  computation, compiled once.
+  """
+  init = (tuple(jnp.uint32(s) for s in salts), tuple(jnp.uint32(j) for j in positions))
+
+  def body(carry):
+    k, (salts, pos) = carry
+    zero = (_runtime_one(word) - 1).astype(jnp.uint32)  # keeps the positions run-time data
+    return k + 1, (tuple(_mix_word(word, s) for s in salts), tuple(j + zero for j in pos))
+
+  _, (words, pos) = jax.lax.while_loop(lambda c: c[0] < _runtime_one(word), body,
+                                       (jnp.zeros((), jnp.int32), init))
+  return words, pos
+
+
+@jax.jit
+def _mix_words(word: jax.Array, salts: jax.Array) -> jax.Array:
+  return _mix32(word ^ salts)
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _fast_noise_group(w0: jax.Array, w1s: jax.Array, *, shape: tuple[int, ...], dtype):
+  """The :class:`FastGaussian` noise of ``k`` leaves of one shape, stacked: ``[k, *shape]``.
+
+  Row ``j`` is bit for bit ``_fast_noise(w0, w1s[j])``. A leaf reads its row with a
+  dynamic slice at a run-time position, and XLA fuses this computation into the leaf's
+  pass (nothing of shape ``[k, *shape]`` is stored): the program then holds the noise's
+  ops once per shape instead of once per leaf, which is most of a zeroth-order step's
+  compile time on models with hundreds of tensors.
+  """
+  w1 = w1s.reshape(w1s.shape + (1,) * len(shape))
+  return fast_gaussian._hash_values(w0, w1, shape, dtype)
+
+
 class DirectionWords:
   """The key words of every leaf of one direction, derived once for all leaves.
 
-  ``first`` is the direction key's first word, ``last[i]`` leaf ``i``'s re-mixed last word
-  (one small vector op for all leaves). A leaf's noise reads them as scalars inside its own
-  elementwise pass: no per-leaf key array, no per-leaf kernel.
+  Leaf ``i``'s key is the direction key with its last word ``w`` replaced by
+  ``mix32(w ^ salt_i)`` (:func:`last`). Given the ``leaves``, those of one shape and dtype
+  form a group: :data:`fast_gaussian` draws the group's noise as one stacked computation
+  (:func:`_fast_noise_group`) from the vector of its leaves' words, and each leaf reads its
+  row at a run-time position, inside its own elementwise pass. The program then holds the
+  noise's ops once per leaf shape, and XLA compiles one kernel per shape: a model with
+  hundreds of tensors but few shapes (a transformer's repeated layers) compiles as fast as
+  a small one. A leaf alone in its shape (or with no ``leaves`` given) gets its word as a
+  run-time scalar (:func:`_run_time_scalars`).
   """
 
-  def __init__(self, dir_key: jax.Array, num_leaves: int):
+  def __init__(self, dir_key: jax.Array, num_leaves: int, leaves: Any = None):
     data = jax.random.key_data(dir_key).reshape(-1)
-    salts = jnp.asarray([_leaf_salt(i) for i in range(num_leaves)], jnp.uint32)
     self.dir_key = dir_key
-    # The barrier materialises the words once: without it XLA fuses the mixing into every
-    # leaf's pass and recomputes it per element (slower to compile and to run).
-    self.first, self.last = jax.lax.optimization_barrier((data[0], _mix32(data[-1] ^ salts)))
+    self.first, self.word = data[0], data[-1]
+    self.group_of: dict[int, tuple] = {}  # leaf index -> group signature (groups of >= 2)
+    groups: dict[tuple, list[int]] = {}
+    for i, leaf in enumerate(leaves if leaves is not None else ()):
+      groups.setdefault((tuple(jnp.shape(leaf)), noise_dtype(jnp.result_type(leaf))), []).append(i)
+    self.groups = {sig: members for sig, members in groups.items() if len(members) > 1}
+    positions: dict[int, int] = {}
+    for sig, members in self.groups.items():
+      for j, i in enumerate(members):
+        self.group_of[i], positions[i] = sig, j
+    singles = [i for i in range(num_leaves) if i not in self.group_of]
+    words, pos = _run_time_scalars(self.word, tuple(_leaf_salt(i) for i in singles),
+                                   tuple(positions[i] for i in sorted(positions)))
+    self._single_word = dict(zip(singles, words, strict=True))
+    self.position = dict(zip(sorted(positions), pos, strict=True))
+    self._group_words: dict[tuple, jax.Array] = {}
+    self._group_noise: dict[tuple, jax.Array] = {}
+
+  def group_words(self, sig: tuple) -> jax.Array:
+    """The last words of a group's leaves, as a vector in the group's order."""
+    if sig not in self._group_words:
+      salts = jnp.asarray([_leaf_salt(i) for i in self.groups[sig]], jnp.uint32)
+      self._group_words[sig] = _mix_words(self.word, salts)
+    return self._group_words[sig]
+
+  def last(self, index: int) -> jax.Array:
+    """Leaf ``index``'s last key word, ``mix32(w ^ salt_index)``, a run-time scalar."""
+    if index in self._single_word:
+      return self._single_word[index]
+    sig = self.group_of[index]
+    return jax.lax.dynamic_index_in_dim(self.group_words(sig), self.position[index], 0,
+                                        keepdims=False)
 
   def key(self, index: int) -> jax.Array:
     """Leaf ``index``'s key (as :func:`leaf_key`), for samplers that need a typed key."""
     data = jax.random.key_data(self.dir_key)
-    last = self.last[index].reshape(data.shape[:-1] + (1,))
+    last = self.last(index).reshape(data.shape[:-1] + (1,))
     data = jnp.concatenate([data[..., :-1], last], axis=-1)
     return jax.random.wrap_key_data(data, impl=jax.random.key_impl(self.dir_key))
 
-  def noise(self, sampler: Sampler, index: int, leaf: Any) -> jax.Array:
-    """Leaf ``index``'s noise, in :func:`noise_dtype` of the leaf."""
-    if isinstance(sampler, FastGaussian):
-      shape = tuple(jnp.shape(leaf))
-      _check_size(shape)
-      return sampler._hash_values(self.first, self.last[index], _flat_index(shape),
-                                  noise_dtype(jnp.result_type(leaf)))
-    return sample_leaf(sampler, self.key(index), leaf)
+  def noise(self, sampler: Sampler, index: int, leaf: Any, after: Any = ()) -> jax.Array:
+    """Leaf ``index``'s noise, in :func:`noise_dtype` of the leaf.
+
+    ``after``: values this draw is ordered after, through an optimization barrier (see
+    :func:`tie`); XLA then draws the noise again instead of sharing (and storing) one draw
+    between the passes that use it.
+    """
+    if not isinstance(sampler, FastGaussian):
+      return sample_leaf(sampler, tie(self.key(index), after), leaf)
+    shape, dtype = tuple(jnp.shape(leaf)), noise_dtype(jnp.result_type(leaf))
+    _check_size(shape)
+    sig = self.group_of.get(index)
+    if sig is None or sig != (shape, dtype):
+      first, last = self.first, self.last(index)
+      if jax.tree.leaves(after):
+        first, last, _ = jax.lax.optimization_barrier((first, last, after))
+      return _fast_noise(first, last, shape=shape, dtype=dtype)
+    cache_key = (sig, tuple(id(x) for x in jax.tree.leaves(after)))
+    if cache_key not in self._group_noise:
+      first, lasts = self.first, self.group_words(sig)
+      if jax.tree.leaves(after):
+        first, lasts, _ = jax.lax.optimization_barrier((first, lasts, after))
+      self._group_noise[cache_key] = _fast_noise_group(first, lasts, shape=shape, dtype=dtype)
+    group = self._group_noise[cache_key]
+    start = (self.position[index],) + (jnp.uint32(0),) * len(shape)
+    return jax.lax.dynamic_slice(group, start, (1,) + shape).reshape(shape)
 
 
 def leaf_key(dir_key: jax.Array, index: int) -> jax.Array:
@@ -371,5 +509,5 @@ def leaf_noise(dir_key: jax.Array, params: Any, sampler: Any = DEFAULT_SAMPLER) 
   """The noise tree of the direction whose key is ``dir_key``."""
   sampler = as_sampler(sampler)
   leaves, treedef = jax.tree.flatten(params)
-  words = DirectionWords(dir_key, len(leaves))
+  words = DirectionWords(dir_key, len(leaves), leaves)
   return treedef.unflatten([words.noise(sampler, i, p) for i, p in enumerate(leaves)])

@@ -27,17 +27,21 @@ in ``p`` and returns its state with the hyperparameters in effect (``mu``, possi
 injected or scheduled), which every wrapper passes through. The engine picks that state
 out of the result by its type. XLA drops the rest of the probe as dead code.
 
-**Three ways to run it.**
+**One program.** At top level the step is one jitted executable with the params and the
+optimizer state donated; called inside a user's ``jit``, ``lax.scan`` or ``nnx.jit`` the
+same function traces into the caller's program. Either way the passes run in a
+``lax.fori_loop`` with the params in the loop carry, which XLA rewrites in place: the step
+allocates no params-sized temporary beyond what the forward pass itself needs (measured
+for every composition above, at top level and inside a user's ``jit``:
+benchmarks/RESULTS.md). ``lean=False``, several directions per step, or several ZO
+transforms run the plain jitted ``tx.update`` instead.
 
-* *Several executables* (top level, large models): each pass above is its own donated
-  executable, so the params are rewritten in place and no params-sized temporary exists
-  (measured: 0.1-0.2 param bytes over a forward pass, benchmarks/RESULTS.md).
-* *One executable* (top level, models under ``ONE_EXECUTABLE_BYTES``; and always when the
-  step is traced inside a user's ``jit``, ``lax.scan`` or ``nnx.jit``): the passes run in
-  a ``lax.fori_loop`` over the coefficients ``(+1, -2, +1)`` with the params in the loop
-  carry, which XLA updates in place: about one params-sized buffer of temporaries.
-* *Plain* (``lean=False``, several directions per step, or several ZO transforms): one
-  jitted ``tx.update``.
+**Compile time.** A step touches every leaf four times (l0 aside), so a model with
+hundreds of tensors would compile hundreds of copies of the noise's ops. The noise is
+drawn per group of leaves of one shape (:class:`hizoo_jax._src.sampling.DirectionWords`),
+and the leaves' key words are run-time data, so the program holds the noise once per leaf
+shape and XLA compiles one kernel per shape (200 tensors: from 11x to about 3x the first
+call of a first-order Adam step, benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -48,7 +52,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from hizoo_jax._src import config as cfg
@@ -57,18 +60,6 @@ from hizoo_jax._src import sampling, transform
 from hizoo_jax._src import sharding as shard_lib
 
 RESTORE_MODES = ("auto", "inplace", "exact")
-EXECUTABLES = ("auto", "one", "several")
-
-ONE_EXECUTABLE_BYTES = 1 << 21
-"""Below this many param bytes (2 MiB) the default top-level step is one executable.
-
-One call per step instead of six or seven: on a 26k-parameter MLP the several-executables
-step takes 2.0x (MeZO) and 1.2x (HiZOO) the one-executable step's time. From about 0.5M
-float32 params on, the several executables are as fast or faster (measured several / one:
-0.98 and 1.13 at 0.5M params, 0.93 and 0.61 at 2.1M, 0.82 and 0.82 at 12.6M; MeZO and HiZOO,
-256 rows), and they need no params-sized temporary.
-"""
-
 
 # ----------------------------------------------------------------------------------------
 # Finding the ZO transform inside any composition.
@@ -100,6 +91,16 @@ class _Located:
   state: Any
   view_def: Any
   mask: tuple[bool, ...]
+  index: int  # of the ZO state among the leaves of the optimizer state (is_zo_state)
+
+  def rebind(self, opt_state) -> _Located:
+    """The same transform, reading its key and Hessian from ``opt_state`` (a state of the
+    same structure, e.g. the copy a loop carries) and keeping the hyperparameters in
+    effect that the probe found; no second probe trace."""
+    zo = _zo_states(opt_state)[self.index]
+    in_effect = {k: getattr(self.state, k) for k in ("mu", "hessian_every")
+                 if hasattr(self.state, k)}
+    return dataclasses.replace(self, state=zo._replace(**in_effect))
 
   def view(self, params):
     """The params as the ZO transform sees them (``MaskedNode`` at frozen leaves)."""
@@ -139,10 +140,13 @@ class _Located:
     noise_key, _ = sampling.split_state_key(key)
     dkey = sampling.tie(sampling.direction_key(noise_key, 0), after)
     hessian = st.hessian if self.spec.hizoo else None
-    if hessian is not None and jax.tree.leaves(after):  # H^{-1/2} is loop-invariant too
-      hessian, _ = jax.lax.optimization_barrier((hessian, after))
+    view = self.view(params)
+    if jax.tree.leaves(after):
+      # H^{-1/2} is loop-invariant too, and so are the params of an exact restore (whose
+      # float32 upcast XLA would hoist into a params-sized buffer).
+      hessian, view, _ = jax.lax.optimization_barrier((hessian, view, after))
     step = jnp.asarray(coef, st.mu.dtype) * st.mu
-    view = est.perturb(self.spec, self.view(params), hessian, dkey, step)
+    view = est.perturb(self.spec, view, hessian, dkey, step)
     return self.merge(params, view)
 
 
@@ -150,12 +154,16 @@ def _zeros_like(params):
   return jax.tree.map(jnp.zeros_like, params)
 
 
+def _zo_states(opt_state) -> list:
+  """The ZO transforms' states in ``opt_state``, in tree order."""
+  return [x for x in jax.tree.leaves(opt_state, is_leaf=transform.is_zo_state)
+          if transform.is_zo_state(x)]
+
+
 def _probe(tx, params, opt_state) -> tuple[list, list]:
   probe = _Probe()
   _, probed = tx.update(_zeros_like(params), opt_state, params, zo_probe=probe)
-  states = [x for x in jax.tree.leaves(probed, is_leaf=transform.is_zo_state)
-            if transform.is_zo_state(x)]
-  return probe.found, states
+  return probe.found, _zo_states(probed)
 
 
 def _locate(tx, params, opt_state) -> _Located | None:
@@ -166,7 +174,7 @@ def _locate(tx, params, opt_state) -> _Located | None:
   if len(found) != 1 or len(states) != 1:
     return None
   spec, view_def, mask = found[0]
-  return _Located(spec, states[0], view_def, mask)
+  return _Located(spec, states[0], view_def, mask, index=0)
 
 
 _NO_ZO = (
@@ -242,48 +250,22 @@ def _mean_aux(a, b):
 
 
 def _final_update(tx, params, opt_state, losses):
-  """``theta + updates`` and the new state, with no params- or state-sized temporary.
+  """``theta + updates`` and the new state: the optimizer's own ``update`` with the losses
+  the step measured, so everything chained after the estimate is the plain path's code.
 
-  The update of the params reads the old state (e.g. HiZOO's old H, which the perturbation
-  used, and the new H, computed inline from it); the state update overwrites the old
-  state. Computed in that order, one after the other (the barrier), each can write its
-  outputs over its inputs' donated buffers; computed together XLA keeps a copy of the old
-  state for the params' update (measured: 1.0 param bytes of temporaries for HiZOO). The
-  state update still gets the pre-update ``theta`` (a transform whose state depends on
-  the params gets the right ones; when none reads them XLA keeps no copy).
+  One call computes both. The ZO transform then draws the noise of its Hessian update
+  with a key XLA cannot merge with the gradient's (``zo_losses`` tells it so), so the
+  params' pass and the state's pass each regenerate ``z`` rather than share a stored copy
+  (an extra hash per element; measured: 1.0 param bytes of temporaries otherwise).
   """
-  kw = dict(zo_losses=losses, value_params=params)
-  updates, _ = tx.update(_zeros_like(params), opt_state, params, **kw)
-  new_params = optax.apply_updates(params, updates)
-  opt_state, new_params = jax.lax.optimization_barrier((opt_state, new_params))
-  _, new_state = tx.update(_zeros_like(params), opt_state, params, **kw)
-  return new_params, new_state
-
-
-def _state_reads_params(tx, params, opt_state) -> bool:
-  """Whether the state ``tx.update`` returns depends on the params' values.
-
-  For ZO transforms and the usual chains after them (moments, schedules, weight decay in
-  the updates) it does not, and the state can be updated from any params of the right
-  shapes. Found by dead-code elimination of the traced update.
-  """
-  from jax._src.interpreters import partial_eval as pe  # noqa: PLC0415
-
-  dtype = est.loss_dtype(params)
-  zero, one = jnp.zeros((), dtype), jnp.zeros((1,), dtype)
-  closed = jax.make_jaxpr(
-      lambda p, s: tx.update(_zeros_like(p), s, p, zo_losses=(zero, one, one),
-                             value_params=p)[1])(params, opt_state)
-  n_params = len(jax.tree.leaves(params))
-  _, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-  return any(used[:n_params])
+  updates, new_state = tx.update(_zeros_like(params), opt_state, params, zo_losses=losses,
+                                 value_params=params)
+  return optax.apply_updates(params, updates), new_state
 
 
 def _logged_loss(opt_state):
   """The loss the (first) ZO state recorded for the step."""
-  states = [x for x in jax.tree.leaves(opt_state, is_leaf=transform.is_zo_state)
-            if transform.is_zo_state(x)]
-  return states[0].loss
+  return _zo_states(opt_state)[0].loss
 
 
 def _outputs(params, opt_state, aux, has_aux, loss=None):
@@ -306,35 +288,43 @@ def _one_pass_step(tx, loss_fn, has_aux, restore):
     f = _Loss(loss_fn, has_aux, est.loss_dtype(params))
     zero = f.zeros(params, *batch)
     measure_l0 = loc.hessian_step() if loc.spec.hizoo else jnp.asarray(False)
-    if _inplace_restore(restore, params):
-      # One loop over the coefficients (0, +1, -2, +1): l0 at theta (HiZOO's Hessian
-      # steps), l+, l-, then the restore, which evaluates nothing. The params live in the
-      # loop carry and are rewritten in place. The optimizer state rides in the carry too
-      # and the noise is tied to the loop index: otherwise XLA hoists the loop-invariant
-      # mu H^{-1/2} z out of the loop into a params-sized buffer and copies H around the
-      # loop (measured: 1.0 and 2.2 param bytes of temporaries for MeZO and HiZOO).
-      # MeZO has no l0 and starts at +1.
-      start = 0 if loc.spec.hizoo else 1
-      coefs = jnp.asarray([0.0, 1.0, -2.0, 1.0], jnp.float32)
+    inplace = _inplace_restore(restore, params)
+    # losses[k]: l0 (k = 0, HiZOO's Hessian steps, measured first at theta), then l+ and l-
+    # (k = 1, 2) in one loop over the coefficients (+1, -2, +1), the last restoring theta
+    # with no evaluation. The params live in the loop carry and are rewritten in place;
+    # with an exact restore the coefficients are (+1, -1) applied to theta into a
+    # perturbed copy in the carry. What makes XLA keep no params-sized temporary (each
+    # measured on the 403 MB benchmark model, benchmarks/RESULTS.md):
+    # - the losses, l0 included, ride in the carry and pass the barrier with the params,
+    #   so the loop's in-place writes come after l0's read of theta (else: a copy);
+    # - every evaluation in the loop reads the pass's output, not the carried params;
+    # - the optimizer state rides in the carry and the noise and H^{-1/2} are tied to the
+    #   loop index (else XLA hoists the loop-invariant mu H^{-1/2} z out of the loop into a
+    #   params-sized buffer: 1.0 and 2.2 param bytes for MeZO and HiZOO);
+    # - the final update comes after a second barrier, not interleaved with the loop.
+    coefs = jnp.asarray([0.0, 1.0, -2.0, 1.0] if inplace else [0.0, 1.0, -1.0], jnp.float32)
 
-      def body(i, carry):
-        p, s, l0, plus, minus = carry
-        p = _locate(tx, p, s).perturb(p, coefs[i], after=i)
-        run = ((i == 0) & measure_l0) | (i == 1) | (i == 2)
-        out = jax.lax.cond(run, lambda: f(p, *batch), lambda: zero)
-        pick = lambda k, old: jax.tree.map(lambda n, o: jnp.where(i == k, n, o), out, old)  # noqa: E731
-        return p, s, pick(0, l0), pick(1, plus), pick(2, minus)
+    def body(i, carry):  # i = 1, 2, (3)
+      p, work, s, losses = carry
+      work = loc.rebind(s).perturb(work if inplace else p, coefs[i], after=i)
+      out = jax.lax.cond(i < 3, lambda: f(work, *batch), lambda: zero)
+      k = jnp.minimum(i, 2)
+      losses = jax.tree.map(lambda a, o: a.at[k].set(jnp.where(i < 3, o, a[k])), losses, out)
+      return p, work, s, losses
 
-      params, opt_state, l0, plus, minus = jax.lax.fori_loop(
-          start, 4, body, (params, opt_state, zero, zero, zero))
-      params, opt_state = jax.lax.optimization_barrier((params, opt_state))
-      l0 = l0[0]
+    l0 = jax.lax.cond(measure_l0, lambda: f(params, *batch), lambda: zero)
+    losses = jax.tree.map(lambda z: jnp.zeros((3,) + z.shape, z.dtype).at[0].set(z), l0)
+    params, opt_state, losses = jax.lax.optimization_barrier((params, opt_state, losses))
+    if inplace:
+      _, params, opt_state, losses = jax.lax.fori_loop(
+          1, len(coefs), body, ((), params, opt_state, losses))
     else:
-      l0 = jax.lax.cond(measure_l0, lambda: f(params, *batch), lambda: zero)[0]
-      plus = f(loc.perturb(params, 1.0), *batch)
-      minus = f(loc.perturb(params, -1.0), *batch)
-    losses = (l0, plus[0][None], minus[0][None])
-    params, opt_state = _final_update(tx, params, opt_state, losses)
+      params, _, opt_state, losses = jax.lax.fori_loop(
+          1, len(coefs), body, (params, _zeros_like(params), opt_state, losses))
+    l0, plus, minus = (jax.tree.map(lambda x, k=k: x[k], losses) for k in range(3))
+    params, opt_state = jax.lax.optimization_barrier((params, opt_state))
+    params, opt_state = _final_update(tx, params, opt_state,
+                                      (l0[0], plus[0][None], minus[0][None]))
     aux = _mean_aux(plus[1], minus[1]) if has_aux else None
     return _outputs(params, opt_state, aux, has_aux)
 
@@ -362,11 +352,6 @@ def _inplace_restore(restore: str, params: Any) -> bool:
   return all(jnp.finfo(jnp.result_type(x)).bits >= 32 for x in jax.tree.leaves(params))
 
 
-def _param_bytes(params) -> int:
-  return sum(int(np.prod(jnp.shape(x))) * jnp.result_type(x).itemsize
-             for x in jax.tree.leaves(params))
-
-
 def _is_traced(tree) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
@@ -377,7 +362,6 @@ def make_train_step(
     *,
     has_aux: bool = False,
     lean: bool | None = None,
-    executables: str = "auto",
     restore: str = "auto",
     donate: bool = True,
     param_shardings: Any = None,
@@ -407,10 +391,6 @@ def make_train_step(
       ZO transform), else the plain step. ``False``: always the plain step, one jitted
       ``tx.update`` (keeps a perturbed copy of the params and the estimate alive).
       ``True``: the lean engine, or an error where it does not apply.
-    executables: top-level lean step only. ``"several"``: each pass its own donated
-      executable (no params-sized temporary; six or seven calls per step). ``"one"``: one
-      executable (about one params-sized temporary; one call). ``"auto"``: one below
-      :data:`ONE_EXECUTABLE_BYTES` of params, else several. A traced step is always one.
     restore: ``"inplace"`` restores ``theta`` by adding the perturbation back, like the
       reference code: no extra memory, but ``theta`` drifts by about one ulp (RMS) per
       step, as a random walk. ``"exact"`` keeps ``theta`` and perturbs a separate buffer
@@ -427,8 +407,6 @@ def make_train_step(
   """
   if restore not in RESTORE_MODES:
     raise ValueError(f"restore must be one of {RESTORE_MODES}, got {restore!r}")
-  if executables not in EXECUTABLES:
-    raise ValueError(f"executables must be one of {EXECUTABLES}, got {executables!r}")
   _check_buildable(tx)
   layout = _Layout(param_shardings, batch_sharding)
   donated = (0, 1) if donate else ()
@@ -451,15 +429,7 @@ def make_train_step(
     info = _static_info(tx, params, opt_state)
     if not info["found"]:
       raise NoZOTransformError(_NO_ZO)
-    located = info["lean"]
-    several = (
-        lean is not False and located
-        and (executables == "several"
-             or (executables == "auto" and _param_bytes(params) >= ONE_EXECUTABLE_BYTES)))
-    if several:
-      return _Several(tx, loss_fn, has_aux, restore, donate, layout, params, opt_state,
-                      hizoo=info["found"][0][0].hizoo)
-    if lean is True and not located:
+    if lean is True and not info["lean"]:
       raise ValueError(_NOT_LEAN)
     return jax.jit(traced_step, donate_argnums=donated, **jit_kw)
 
@@ -470,7 +440,12 @@ def make_train_step(
       return traced_step(params, opt_state, *batch)
     return get(params, opt_state)(params, opt_state, *layout.put_batch(batch))
 
-  step.executables = get  # step.executables(params, state): what runs for that structure
+  def lower(params, opt_state, *batch):
+    """The top-level step lowered for these arguments (``.compile().memory_analysis()``,
+    ``.as_text()``), as ``jax.jit(...).lower``."""
+    return get(params, opt_state).lower(params, opt_state, *layout.put_batch(batch))
+
+  step.lower = lower
   return step
 
 
@@ -514,107 +489,3 @@ def _cached(build):
     return cache[key]
 
   return get
-
-
-def _compiler_options() -> dict[str, str]:
-  """Per-executable XLA options of the update passes (not the user's forward pass).
-
-  XLA:CPU hands reductions to YNNPACK, whose fusions take materialised operands: for a
-  factored (HiZOO-L) leaf that stores the dense H, the noise and the estimate
-  (measured: 3x params of temporaries). Keeping YNNPACK for matmuls only lets XLA fuse
-  those elementwise producers into the reductions.
-  """
-  if jax.default_backend() == "cpu":
-    return {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
-  return {}
-
-
-class _Several:
-  """The lean step as several donated executables (top level only)."""
-
-  def __init__(self, tx, loss_fn, has_aux, restore, donate, layout, params, opt_state, hizoo):
-    opts = _compiler_options()
-    p_sh, s_sh, rep = layout.of(params, opt_state)
-    to_params = {} if p_sh is None else dict(out_shardings=p_sh)
-    to_both = {} if p_sh is None else dict(out_shardings=(p_sh, s_sh, rep))
-    to_state = {} if s_sh is None else dict(out_shardings=(s_sh, rep))
-    self.has_aux = has_aux
-    self.donate = donate
-    self.inplace = _inplace_restore(restore, params)
-    f = _Loss(loss_fn, has_aux, est.loss_dtype(params))
-
-    def fwd0(params, opt_state, *batch):
-      loc = _locate(tx, params, opt_state)
-      zero = f.zeros(params, *batch)
-      return jax.lax.cond(loc.hessian_step(), lambda: f(params, *batch), lambda: zero)[0]
-
-    def perturb(params, opt_state, coef):
-      return _locate(tx, params, opt_state).perturb(params, coef)
-
-    def perturb_into(buffer, params, opt_state, coef):
-      del buffer  # donated only so that its memory holds the result
-      return perturb(params, opt_state, coef)
-
-    def update(params, opt_state, l0, lp, lm):
-      params, opt_state = _final_update(tx, params, opt_state, (l0, lp[None], lm[None]))
-      return params, opt_state, jnp.copy(_logged_loss(opt_state))
-
-    def update_params(params, opt_state, l0, lp, lm, restore_first=False):
-      if restore_first:  # params hold theta - mu s z: add it back, fused into this pass
-        params = perturb(params, opt_state, 1.0)
-      kw = dict(zo_losses=(l0, lp[None], lm[None]), value_params=params)
-      updates, _ = tx.update(_zeros_like(params), opt_state, params, **kw)
-      return optax.apply_updates(params, updates)
-
-    def update_state(opt_state, params, l0, lp, lm):
-      kw = dict(zo_losses=(l0, lp[None], lm[None]), value_params=params)
-      new_state = tx.update(_zeros_like(params), opt_state, params, **kw)[1]
-      return new_state, jnp.copy(_logged_loss(new_state))
-
-    # The params update reads the old state (HiZOO: the old H, and the new H inline), the
-    # state update overwrites it: as two donated executables, each rewrites its own
-    # buffers in place. One executable doing both keeps a copy of the old state for the
-    # params (measured: 0.5-1.0 param bytes of temporaries for HiZOO), so it is used only
-    # when the state depends on the params' values, which the second call could not see.
-    self.split_update = not _state_reads_params(tx, params, opt_state)
-    self.update = jax.jit(update, donate_argnums=(0, 1) if donate else (),
-                          compiler_options=opts, **to_both)
-    self.update_params = jax.jit(update_params, donate_argnums=(0,) if donate else (),
-                                 static_argnums=(5,), compiler_options=opts, **to_params)
-    self.update_state = jax.jit(update_state, donate_argnums=(0,) if donate else (),
-                                compiler_options=opts, **to_state)
-    self.hizoo = hizoo
-    self.fwd = jax.jit(f)
-    self.fwd0 = jax.jit(fwd0, **({} if rep is None else dict(out_shardings=rep)))
-    self.perturb_new = jax.jit(perturb, compiler_options=opts, **to_params)
-    self.perturb_inplace = jax.jit(perturb, donate_argnums=(0,), compiler_options=opts,
-                                   **to_params)
-    self.perturb_into = jax.jit(perturb_into, donate_argnums=(0,), compiler_options=opts,
-                                **to_params)
-
-  def __call__(self, params, opt_state, *batch):
-    dtype = est.loss_dtype(params)
-    l0 = self.fwd0(params, opt_state, *batch) if self.hizoo else jnp.zeros((), dtype)
-    if self.inplace:
-      if not self.donate:
-        params = jax.tree.map(jnp.copy, params)
-      params = self.perturb_inplace(params, opt_state, 1.0)
-      lp, aux_p = self.fwd(params, *batch)
-      params = self.perturb_inplace(params, opt_state, -2.0)
-      lm, aux_m = self.fwd(params, *batch)
-      if not self.split_update:
-        params = self.perturb_inplace(params, opt_state, 1.0)
-    else:
-      work = self.perturb_new(params, opt_state, 1.0)
-      lp, aux_p = self.fwd(work, *batch)
-      work = self.perturb_into(work, params, opt_state, -1.0)
-      lm, aux_m = self.fwd(work, *batch)
-      del work
-    if self.split_update:
-      # the state does not read the params: it may see the updated ones
-      params = self.update_params(params, opt_state, l0, lp, lm, self.inplace)
-      opt_state, loss = self.update_state(opt_state, params, l0, lp, lm)
-    else:
-      params, opt_state, loss = self.update(params, opt_state, l0, lp, lm)
-    aux = _mean_aux(aux_p, aux_m) if self.has_aux else None
-    return _outputs(params, opt_state, aux, self.has_aux, loss)

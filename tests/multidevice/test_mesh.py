@@ -23,6 +23,7 @@ def collective_sizes(hlo_text: str) -> list[tuple[str, int]]:
   """(op, elements) of every operand of every collective in an optimized HLO module
   (XLA combines several small collectives into one over a tuple)."""
   out = []
+  hlo_text = re.sub(r"/\*index=\d+\*/", "", hlo_text)  # the tuple-type comments hold '='
   pattern = r"= ([^=]*?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\("
   for m in re.finditer(pattern, hlo_text):
     for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1)):
@@ -80,8 +81,7 @@ def fsdp_shardings(params, mesh, axis="fsdp"):
   return jax.tree.map(spec, params)
 
 
-ENGINES = {"lean": dict(lean=True, executables="several"), "one": dict(executables="one"),
-           "plain": dict(lean=False), True: dict(lean=True, executables="several"),
+ENGINES = {"lean": dict(lean=True), "plain": dict(lean=False), True: dict(lean=True),
            False: dict(lean=False)}
 
 
@@ -104,7 +104,7 @@ def single_device():
   return {name: run(make, 4)[:2] for name, make in OPTIMIZERS.items()}
 
 
-@pytest.mark.parametrize("lean", ["lean", "one", "plain"])
+@pytest.mark.parametrize("lean", ["lean", "plain"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_data_parallel_equals_one_device_and_only_scalars_cross(name, lean, single_device):
   mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -116,16 +116,7 @@ def test_data_parallel_equals_one_device_and_only_scalars_cross(name, lean, sing
   # the compiled programs exchange scalars only (the losses)
   x = jax.device_put(X, NamedSharding(mesh, P("data")))
   y = jax.device_put(Y, NamedSharding(mesh, P("data")))
-  z = jax.device_put(jnp.zeros(()), replicated)
-  if lean == "lean":
-    ex = step.executables(params, state)
-    lowered = [ex.fwd.lower(params, x, y), ex.fwd0.lower(params, state, x, y),
-               ex.perturb_inplace.lower(params, state, 1.0),
-               ex.update_params.lower(params, state, z, z, z),
-               ex.update_state.lower(state, params, z, z, z)]
-  else:
-    lowered = [step.executables(params, state).lower(params, state, x, y)]
-  sizes = [c for lo in lowered for c in collective_sizes(lo.compile().as_text())]
+  sizes = collective_sizes(step.lower(params, state, x, y).compile().as_text())
   assert sizes, "the loss must be all-reduced across the data axis"
   assert max(n for _, n in sizes) == 1, sizes  # every operand a scalar
 
@@ -148,10 +139,17 @@ def test_fsdp_equals_one_device_and_keeps_shardings(name, lean, single_device):
       assert w.sharding.spec == P("fsdp")
 
 
+def elementwise_loss(p, x, y):
+  """A loss that reads every param elementwise (no matmul): sharded, it needs no gather of
+  the params, so any full-leaf array or large collective in the step is the optimizer's."""
+  del x, y
+  return sum(jnp.sum(jnp.tanh(w)) for w in jax.tree.leaves(p))
+
+
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_fsdp_noise_is_drawn_per_shard(name):
-  """Perturb and update passes: no array of a sharded leaf's full shape, and no traffic but
-  the factored Hessian's own sums."""
+  """The step's passes: no array of a sharded leaf's full shape, and no traffic but the
+  losses and the factored Hessian's own sums."""
   mesh = Mesh(np.array(jax.devices()), ("fsdp",))
   big = [16, 1024, 1024, 8]
   tx = OPTIMIZERS[name]()
@@ -159,24 +157,15 @@ def test_fsdp_noise_is_drawn_per_shard(name):
   params_sh = fsdp_shardings(params, mesh)
   params = jax.device_put(params, params_sh)
   state = jax.device_put(tx.init(params), hz.state_shardings(tx.init(params), params, params_sh))
-  ex = hz.make_train_step(tx, loss_fn, param_shardings=params_sh,
-                          executables="several").executables(params, state)
-  z = jnp.zeros(())
-  passes = {"perturb": ex.perturb_inplace.lower(params, state, 1.0),
-            "update_params": ex.update_params.lower(params, state, z, z, z),
-            "update_state": ex.update_state.lower(state, params, z, z, z)}
-  for pass_name, lo in passes.items():
-    text = lo.compile().as_text()
-    # MeZO, HiZOO: none. HiZOO-L: its factored state's reductions across the row shards,
-    # sum(row) (a scalar) and the column sums (q floats): never noise or params.
-    sizes = [n for _, n in collective_sizes(text)]
-    if name == "hizoo_l":
-      assert all(n <= 1024 for n in sizes), (pass_name, sizes)
-    else:
-      assert not sizes, (pass_name, sizes)
-    assert "[1024,1024]" not in text, pass_name  # never the full leaf on one device
-    if pass_name != "update_state" or name == "hizoo":  # (MeZO/HiZOO-L: no dense state)
-      assert "[128,1024]" in text, pass_name  # each device works on its [128, 1024] shard
+  step = hz.make_train_step(tx, elementwise_loss, param_shardings=params_sh)
+  text = step.lower(params, state, X, Y).compile().as_text()
+  # the losses (scalars); HiZOO-L: also its factored state's reductions across the row
+  # shards, sum(row) (a scalar) and the column sums (q floats): never noise or params.
+  sizes = [n for _, n in collective_sizes(text)]
+  assert sizes
+  assert all(n <= (1024 if name == "hizoo_l" else 1) for n in sizes), sizes
+  assert "[1024,1024]" not in text  # never the full leaf on one device
+  assert "[128,1024]" in text  # each device works on its [128, 1024] shard
 
 
 def test_fsdp_per_device_memory_is_the_single_device_figure_over_8():
@@ -186,20 +175,16 @@ def test_fsdp_per_device_memory_is_the_single_device_figure_over_8():
     tx = make()
     p1 = mlp(big)
     s1 = tx.init(p1)
-    e1 = hz.make_train_step(tx, loss_fn, executables="several").executables(p1, s1)
     sh = fsdp_shardings(p1, mesh)
     p8 = jax.device_put(p1, sh)
     s8 = jax.device_put(s1, hz.state_shardings(s1, p1, sh))
-    e8 = hz.make_train_step(tx, loss_fn, param_shardings=sh,
-                            executables="several").executables(p8, s8)
 
-    def peak(ex, p, s):
-      m = ex.update_state.lower(s, p, 0.0, 0.0, 0.0).compile().memory_analysis()
-      a = ex.perturb_inplace.lower(p, s, 1.0).compile().memory_analysis()
-      return max(m.argument_size_in_bytes + m.temp_size_in_bytes,
-                 a.argument_size_in_bytes + a.temp_size_in_bytes)
+    def peak(p, s, tx=tx, **kw):
+      step = hz.make_train_step(tx, elementwise_loss, **kw)
+      m = step.lower(p, s, X, Y).compile().memory_analysis()
+      return m.argument_size_in_bytes + m.temp_size_in_bytes
 
-    ratio = peak(e1, p1, s1) / peak(e8, p8, s8)
+    ratio = peak(p1, s1) / peak(p8, s8, param_shardings=sh)
     assert ratio > 6.0, ratio  # 8 minus what is replicated (biases, scalars, keys)
 
 
