@@ -305,20 +305,50 @@ def cfg_of(method, mode, k, seed, lr, steps, **kw):
   return c
 
 
+def _claim(run_id):
+  """A lock file, so that two queues sharing the results never run the same run; a lock
+  whose process is gone is stale and taken over. Returns the lock's path, or None."""
+  os.makedirs(RESULTS, exist_ok=True)
+  lock = path_of(run_id) + ".lock"
+  for _ in range(2):
+    try:
+      fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+      try:
+        with open(lock) as fh:
+          os.kill(int(fh.read().strip() or 0), 0)  # alive: someone else runs it
+        return None
+      except (OSError, ValueError):
+        os.remove(lock)  # stale
+        continue
+    with os.fdopen(fd, "w") as fh:
+      fh.write(str(os.getpid()))
+    return lock
+  return None
+
+
 def execute(cfg):
   if done(cfg["id"]):
     return load(cfg["id"])
+  lock = _claim(cfg["id"])
+  if lock is None:
+    print(f"... {cfg['id']} is being run by another queue", flush=True)
+    return None
   print(f"=== {cfg['id']} ({time.strftime('%H:%M:%S')})", flush=True)
   try:
     res = run_one(cfg)
   except Exception:  # keep the queue going; record the failure
     traceback.print_exc()
+    os.remove(lock)
     return None
-  os.makedirs(RESULTS, exist_ok=True)
+  if res is None:  # the smoke test's interruption
+    os.remove(lock)
+    return None
   tmp = path_of(cfg["id"]) + ".tmp"
   with open(tmp, "w") as fh:
     json.dump(res, fh)
   os.replace(tmp, path_of(cfg["id"]))
+  os.remove(lock)
   f = res["final"]
   print(f"--- {cfg['id']}: test acc {f['test']['accuracy']:.4f} val acc {f['val']['accuracy']:.4f}"
         f" train ce {f['train']['ce']:.4f} ; {res['sec_per_step']:.3f} s/step"
@@ -408,16 +438,15 @@ LONG_STEPS = 5000
 LONG_EVAL = 500
 
 
-def phase5(seeds=SEEDS, steps=LONG_STEPS):
-  kw = dict(eval_every=LONG_EVAL)
-  for s in seeds:
-    execute(cfg_of("mezo", "lora", 512, s, 5e-4, steps, **kw))
-    hz_run = cfg_of("hizoo", "lora", 512, s, 1.5e-3, steps, **kw)
-    execute(hz_run)
-    if done(hz_run["id"]):
-      execute(cfg_of("mezo_hctl", "lora", 512, s, 1.5e-3, steps, hctl_of=hz_run["id"], **kw))
-  for s in seeds:
-    execute(cfg_of("blockh_sqrt", "lora", 512, s, 5e-4, steps, kappa=4.0, tag="_k4v2", **kw))
+def _main_trio(s, steps, kw):
+  execute(cfg_of("mezo", "lora", 512, s, 5e-4, steps, **kw))
+  hz_run = cfg_of("hizoo", "lora", 512, s, 1.5e-3, steps, **kw)
+  execute(hz_run)
+  if done(hz_run["id"]):
+    execute(cfg_of("mezo_hctl", "lora", 512, s, 1.5e-3, steps, hctl_of=hz_run["id"], **kw))
+
+
+def _extras(steps, kw):
   for m, lr in (("hizoo_l", 1.5e-3), ("zo_adam", 1e-4), ("hizoo_paper", 5e-4),
                 ("hizoo_preset", 5e-4)):
     execute(cfg_of(m, "lora", 512, 0, lr, steps, **kw))
@@ -427,6 +456,27 @@ def phase5(seeds=SEEDS, steps=LONG_STEPS):
   for mode, lr in (("prefix", 1e-3), ("ft", 1e-5)):
     for m in ("mezo", "hizoo"):
       execute(cfg_of(m, mode, 512, 0, lr, 2000, eval_every=500))
+
+
+def phase5(seeds=SEEDS, steps=LONG_STEPS):
+  """Main comparison by seed, then the curvature variant, then the other settings."""
+  kw = dict(eval_every=LONG_EVAL)
+  for s in seeds:
+    _main_trio(s, steps, kw)
+  for s in seeds:
+    execute(cfg_of("blockh_sqrt", "lora", 512, s, 5e-4, steps, kappa=4.0, tag="_k4v2", **kw))
+  _extras(steps, kw)
+
+
+def phase5r(seeds=SEEDS, steps=LONG_STEPS):
+  """Phase 5 in the other order, for a second queue beside the first (lock files keep
+  them apart): the other settings first, then the seeds from the last."""
+  kw = dict(eval_every=LONG_EVAL)
+  _extras(steps, kw)
+  for s in reversed(seeds):
+    _main_trio(s, steps, kw)
+  for s in reversed(seeds):
+    execute(cfg_of("blockh_sqrt", "lora", 512, s, 5e-4, steps, kappa=4.0, tag="_k4v2", **kw))
 
 
 def smoke():
@@ -441,8 +491,7 @@ def smoke():
   global CKPT_MIN_STEPS
   CKPT_MIN_STEPS = 8
   whole = cfg_of("mezo", "lora", 16, 0, 1e-3, 8, eval_every=4, tag="_ckpt")
-  half = dict(whole, stop_after=4)
-  assert run_one(half) is None
+  assert execute(dict(whole, stop_after=4)) is None
   resumed = execute(whole)
   reference = run_one(dict(whole, no_ckpt=True))
   assert resumed["losses"] == reference["losses"], "resumed run differs"
@@ -455,7 +504,8 @@ def main():
   a = p.parse_args()
   print(f"jax {jax.__version__} {jax.devices()} hizoo_jax from {os.path.dirname(hz.__file__)}",
         flush=True)
-  phases = {"1": phase1, "2": phase2, "3": phase3, "4": phase4, "5": phase5, "smoke": smoke}
+  phases = {"1": phase1, "2": phase2, "3": phase3, "4": phase4, "5": phase5, "5r": phase5r,
+            "smoke": smoke}
   todo = ["1", "2", "3", "4"] if a.phase == "all" else a.phase.split(",")
   for ph in todo:
     print(f"##### phase {ph} ({time.strftime('%H:%M:%S')})", flush=True)
