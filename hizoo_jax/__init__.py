@@ -21,7 +21,7 @@ from hizoo_jax._src.transform import (
     scale_by_zo,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "FactoredHessian",

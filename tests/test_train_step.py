@@ -77,7 +77,7 @@ def test_lean_step_follows_the_plain_transform(name):
 def test_several_directions_fall_back_to_the_plain_step():
   make = lambda: hz.hizoo(1e-2, hessian_smoothing=0.1, num_directions=3)
   p0, _, _ = run(make, lean=False)
-  p1, _, _ = run(make)  # lean by default, but it cannot: one executable instead
+  p1, _, _ = run(make)  # lean by default, but it cannot: the plain step instead
   chex.assert_trees_all_close(p1, p0, rtol=1e-12, atol=1e-14)
   with pytest.raises(ValueError, match="one direction"):
     run(make, lean=True)
