@@ -74,6 +74,25 @@ def test_lean_step_follows_the_plain_transform(name):
   np.testing.assert_allclose(l2, l0, rtol=1e-9)
 
 
+def test_a_sampler_that_does_not_fuse_gets_the_plain_step_by_default():
+  """threefry's noise is materialised in every pass; the default picks the leaner plain step."""
+  make = OPTIMIZERS["hizoo_threefry"]
+  p0, s0, l0 = run(make, lean=False)
+  p1, s1, l1 = run(make)
+  chex.assert_trees_all_equal(p1, p0)
+  np.testing.assert_array_equal(l1, l0)
+  tx = make()
+  params = mlp([8, 16, 16, 4])
+  state = tx.init(params)
+  temp = lambda **kw: hz.make_train_step(tx, loss_fn, **kw).lower(
+      params, state, X, Y).compile().memory_analysis().temp_size_in_bytes
+  assert temp() == temp(lean=False)
+  # the fused default sampler keeps the lean engine
+  tx = hz.hizoo(1e-2, hessian_smoothing=0.1)
+  state = tx.init(params)
+  assert temp() != temp(lean=False)
+
+
 def test_several_directions_fall_back_to_the_plain_step():
   make = lambda: hz.hizoo(1e-2, hessian_smoothing=0.1, num_directions=3)
   p0, _, _ = run(make, lean=False)

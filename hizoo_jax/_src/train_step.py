@@ -352,6 +352,11 @@ def _inplace_restore(restore: str, params: Any) -> bool:
   return all(jnp.finfo(jnp.result_type(x)).bits >= 32 for x in jax.tree.leaves(params))
 
 
+def _fuses(loc: _Located | None) -> bool:
+  """Whether the located transform's noise fuses into the pass that uses it."""
+  return loc is None or isinstance(loc.spec.sampler, sampling.FastGaussian)
+
+
 def _is_traced(tree) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
@@ -388,8 +393,12 @@ def make_train_step(
       ``aux`` (floating leaves; other leaves from ``theta + mu z``), like the logged loss of
       MeZO. Needs the lean step (one direction per step).
     lean: None (default): the lean engine whenever it applies (one direction per step, one
-      ZO transform), else the plain step. ``False``: always the plain step, one jitted
-      ``tx.update`` (keeps a perturbed copy of the params and the estimate alive).
+      ZO transform) and pays, else the plain step. It does not pay with a sampler that
+      does not fuse into the elementwise passes (anything but ``hz.fast_gaussian``, e.g.
+      ``hz.gaussian``): that sampler's noise is materialised in every pass, and the plain
+      step holds less (unless ``has_aux``, which needs the lean engine). ``False``: always
+      the plain step, one jitted ``tx.update`` (keeps a perturbed copy of the params and the
+      estimate alive).
       ``True``: the lean engine, or an error where it does not apply.
     restore: ``"inplace"`` restores ``theta`` by adding the perturbation back, like the
       reference code: no extra memory, but ``theta`` drifts by about one ulp (RMS) per
@@ -420,6 +429,12 @@ def make_train_step(
       loc = _locate(tx, params, opt_state)
       if loc is None or loc.num_directions != 1:
         raise ValueError(_NOT_LEAN)
+    elif not has_aux and not _fuses(_locate(tx, params, opt_state)):
+      # A sampler that does not fuse into the elementwise passes (threefry) materialises
+      # the noise in each of them, and in one program XLA keeps those buffers apart: the
+      # lean step then holds more than the plain one (MeZO 4.0 vs 2.5, HiZOO 5.5 vs 4.5
+      # param bytes over a forward pass, benchmarks/RESULTS.md).
+      return plain(params, opt_state, *batch)
     return fused(params, opt_state, *batch)
 
   def build(params, opt_state):
