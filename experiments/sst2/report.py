@@ -122,12 +122,24 @@ def is_main(r, k=512, steps=(600, LONG), mode="lora"):
           and any(pred(r) for _, _, pred in MAIN))
 
 
-def main_table(runs, k=512, steps=600, mode="lora"):
-  """Seeds paired with MeZO's: its final MA-50 loss of the same seed is the target."""
+def _budget(runs, k, steps, mode):
+  """The runs of one (k, steps, mode), and the probe and MeZO run of each seed."""
   base = [r for r in runs if r["config"]["k"] == k and r["config"]["steps"] == steps
           and r["config"]["mode"] == mode]
   probe = {r["config"]["seed"]: r for r in group(runs, method="probe", k=k, mode="lora")}
   mezo = {r["config"]["seed"]: r for r in base if MAIN[0][2](r)}
+  return base, probe, mezo
+
+
+def _minus_probe(g, probe):
+  """Final test accuracy minus the probe's of the same seed (the same k-shot sample)."""
+  return [r["final"]["test"]["accuracy"] - probe[r["config"]["seed"]]["final"]["test"]["accuracy"]
+          for r in g if r["config"]["seed"] in probe]
+
+
+def main_table(runs, k=512, steps=600, mode="lora"):
+  """Seeds paired with MeZO's: its final MA-50 loss of the same seed is the target."""
+  base, probe, mezo = _budget(runs, k, steps, mode)
   rows = ["| method | lr | seeds | test acc % | Δ test acc vs probe (pts) | test acc % "
           "(val-selected) | train CE: start → end (all k-shot) | final loss MA-50 | steps to "
           f"MeZO's final MA-50 loss (per seed) | forward passes to it / MeZO's 2 × {steps} |"
@@ -140,9 +152,7 @@ def main_table(runs, k=512, steps=600, mode="lora"):
       continue
     acc = [r["final"]["test"]["accuracy"] for r in g]
     sel = [r["selected"]["test"]["accuracy"] for r in g]
-    dprobe = [r["final"]["test"]["accuracy"]
-              - probe[r["config"]["seed"]]["final"]["test"]["accuracy"]
-              for r in g if r["config"]["seed"] in probe]
+    dprobe = _minus_probe(g, probe)
     fins = [smooth(r["losses"])[-1] for r in g]
     hits, ratios = [], []
     for r in g:
@@ -180,10 +190,7 @@ def long_table(runs, k=512, steps=LONG, mode="lora"):
   """The long budget, scored on the whole k-shot training set at every evaluation (every 500
   steps): MeZO's lowest training CE of the run is the target, as its final one can sit above
   it where MeZO has destabilised."""
-  base = [r for r in runs if r["config"]["k"] == k and r["config"]["steps"] == steps
-          and r["config"]["mode"] == mode]
-  probe = {r["config"]["seed"]: r for r in group(runs, method="probe", k=k, mode="lora")}
-  mezo = {r["config"]["seed"]: r for r in base if MAIN[0][2](r)}
+  base, probe, mezo = _budget(runs, k, steps, mode)
   rows = ["| method | lr | seeds | test acc % (final) | Δ vs probe (pts) | test acc % "
           "(val-selected) | train CE at the end (per seed) | lowest train CE (step) |"
           " step reaching MeZO's lowest train CE (per seed) | forward passes to it / MeZO's |"
@@ -192,9 +199,7 @@ def long_table(runs, k=512, steps=LONG, mode="lora"):
     g = sorted([r for r in base if pred(r)], key=lambda r: r["config"]["seed"])
     if not g:
       continue
-    dprobe = [r["final"]["test"]["accuracy"]
-              - probe[r["config"]["seed"]]["final"]["test"]["accuracy"]
-              for r in g if r["config"]["seed"] in probe]
+    dprobe = _minus_probe(g, probe)
     hits, ratios = [], []
     for r in g:
       s = r["config"]["seed"]

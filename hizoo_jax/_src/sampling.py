@@ -309,11 +309,6 @@ def _runtime_one(word: jax.Array) -> jax.Array:
   return 1 + (f != f).astype(jnp.int32)
 
 
-@jax.jit
-def _mix_word(word: jax.Array, salt: jax.Array) -> jax.Array:
-  return _mix32(word ^ salt)
-
-
 def _run_time_scalars(word: jax.Array, salts: tuple[int, ...], positions: tuple[int, ...]):
   """``mix32(word ^ salt)`` for each salt, and the ``positions``, as separate scalars of
   run-time data.
@@ -333,7 +328,7 @@ def _run_time_scalars(word: jax.Array, salts: tuple[int, ...], positions: tuple[
   def body(carry):
     k, (salts, pos) = carry
     zero = (_runtime_one(word) - 1).astype(jnp.uint32)  # keeps the positions run-time data
-    return k + 1, (tuple(_mix_word(word, s) for s in salts), tuple(j + zero for j in pos))
+    return k + 1, (tuple(_mix_words(word, s) for s in salts), tuple(j + zero for j in pos))
 
   _, (words, pos) = jax.lax.while_loop(lambda c: c[0] < _runtime_one(word), body,
                                        (jnp.zeros((), jnp.int32), init))
@@ -433,13 +428,16 @@ class DirectionWords:
       if jax.tree.leaves(after):
         first, last, _ = jax.lax.optimization_barrier((first, last, after))
       return _fast_noise(first, last, shape=shape, dtype=dtype)
-    cache_key = (sig, tuple(id(x) for x in jax.tree.leaves(after)))
+    tied = tuple(jax.tree.leaves(after))
+    cache_key = (sig, tuple(id(x) for x in tied))
     if cache_key not in self._group_noise:
       first, lasts = self.first, self.group_words(sig)
-      if jax.tree.leaves(after):
+      if tied:
         first, lasts, _ = jax.lax.optimization_barrier((first, lasts, after))
-      self._group_noise[cache_key] = _fast_noise_group(first, lasts, shape=shape, dtype=dtype)
-    group = self._group_noise[cache_key]
+      # ``tied`` is kept with the draw so that its ids stay those of live objects
+      self._group_noise[cache_key] = (tied, _fast_noise_group(first, lasts, shape=shape,
+                                                              dtype=dtype))
+    group = self._group_noise[cache_key][1]
     start = (self.position[index],) + (jnp.uint32(0),) * len(shape)
     return jax.lax.dynamic_slice(group, start, (1,) + shape).reshape(shape)
 

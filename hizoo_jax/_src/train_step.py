@@ -278,12 +278,18 @@ def _outputs(params, opt_state, aux, has_aux, loss=None):
 # The steps.
 
 
-def _one_pass_step(tx, loss_fn, has_aux, restore):
-  """The lean step as one traceable function (one executable when jitted)."""
+def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False):
+  """The lean step as one traceable function (one executable when jitted); the plain step
+  where it does not apply, or, with ``fused_noise_only``, where it does not pay."""
 
   def step(params, opt_state, *batch):
     loc = _locate(tx, params, opt_state)
-    if loc is None or loc.num_directions != 1:
+    if (loc is None or loc.num_directions != 1
+        or (fused_noise_only and not isinstance(loc.spec.sampler, sampling.FastGaussian))):
+      # A sampler that does not fuse into the elementwise passes (threefry) materialises
+      # the noise in each of them, and in one program XLA keeps those buffers apart: the
+      # lean step would hold more than the plain one (MeZO 4.0 vs 2.5, HiZOO 5.5 vs 4.5
+      # param bytes over a forward pass, benchmarks/RESULTS.md).
       return _plain_fn(tx, loss_fn, has_aux)(params, opt_state, *batch)
     f = _Loss(loss_fn, has_aux, est.loss_dtype(params))
     zero = f.zeros(params, *batch)
@@ -352,11 +358,6 @@ def _inplace_restore(restore: str, params: Any) -> bool:
   return all(jnp.finfo(jnp.result_type(x)).bits >= 32 for x in jax.tree.leaves(params))
 
 
-def _fuses(loc: _Located | None) -> bool:
-  """Whether the located transform's noise fuses into the pass that uses it."""
-  return loc is None or isinstance(loc.spec.sampler, sampling.FastGaussian)
-
-
 def _is_traced(tree) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
@@ -420,7 +421,8 @@ def make_train_step(
   layout = _Layout(param_shardings, batch_sharding)
   donated = (0, 1) if donate else ()
   plain = _plain_fn(tx, loss_fn, has_aux)
-  fused = _one_pass_step(tx, loss_fn, has_aux, restore)
+  fused = _one_pass_step(tx, loss_fn, has_aux, restore,
+                         fused_noise_only=lean is None and not has_aux)
 
   def traced_step(params, opt_state, *batch):
     if lean is False:
@@ -429,12 +431,6 @@ def make_train_step(
       loc = _locate(tx, params, opt_state)
       if loc is None or loc.num_directions != 1:
         raise ValueError(_NOT_LEAN)
-    elif not has_aux and not _fuses(_locate(tx, params, opt_state)):
-      # A sampler that does not fuse into the elementwise passes (threefry) materialises
-      # the noise in each of them, and in one program XLA keeps those buffers apart: the
-      # lean step then holds more than the plain one (MeZO 4.0 vs 2.5, HiZOO 5.5 vs 4.5
-      # param bytes over a forward pass, benchmarks/RESULTS.md).
-      return plain(params, opt_state, *batch)
     return fused(params, opt_state, *batch)
 
   def build(params, opt_state):
