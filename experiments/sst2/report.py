@@ -19,6 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FIG = os.path.join(ROOT, "docs", "results", "figures")
 WINDOW = 50
+SEED_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))  # seeds 0-4
+MEZO_LR = {"lora": 5e-4, "ft": 1e-5, "prefix": 1e-3}  # the study's MeZO lr per tuning mode
 NAMES = {"probe": "linear probe", "adam": "first-order Adam", "mezo": "MeZO",
          "hizoo": "HiZOO (α = 1e-3)", "mezo_hctl": "MeZO, lr / mean H(t) of HiZOO",
          "blockh": "per-tensor curvature (power 1)",
@@ -228,10 +230,13 @@ def long_table(runs, k=512, steps=LONG, mode="lora"):
 
 def extras(runs):
   rows = ["| method | mode | k | steps | lr | seeds | test acc % | Δ vs probe (pts) |"
-          " train CE | final loss MA-50 | s/step |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          " Δ vs MeZO (pts) | train CE | final loss MA-50 | s/step |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   probe = {(r["config"]["k"], r["config"]["seed"]): r for r in runs
            if r["config"]["method"] == "probe"}
+  # MeZO at the study's lr of each mode, same (mode, k, steps, seed): the paired comparison
+  mezo = {(c["mode"], c["k"], c["steps"], c["seed"]): r for r in runs
+          for c in [r["config"]] if c["method"] == "mezo" and c["lr"] == MEZO_LR[c["mode"]]}
   seen = defaultdict(list)
   for r in runs:
     c = r["config"]
@@ -247,8 +252,12 @@ def extras(runs):
     d = [r["final"]["test"]["accuracy"]
          - probe[(k, r["config"]["seed"])]["final"]["test"]["accuracy"]
          for r in g if (k, r["config"]["seed"]) in probe]
+    dm = [r["final"]["test"]["accuracy"] - mezo[key]["final"]["test"]["accuracy"]
+          for r in g for key in [(mode, k, steps, r["config"]["seed"])]
+          if key in mezo and mezo[key] is not r]
     rows.append(f"| {NAMES[m]} | {mode} | {k} | {steps} | {lr:g} | {len(g)} |"
                 f" {ms([r['final']['test']['accuracy'] for r in g])} | {ms(d, '{:+.1f}')} |"
+                f" {ms(dm, '{:+.1f}') if dm else '–'} |"
                 f" {np.mean([r['final']['train']['ce'] for r in g]):.4f} |"
                 f" {np.mean([smooth(r['losses'])[-1] for r in g]):.4f} |"
                 f" {np.median([r['sec_per_step'] for r in g]):.3f} |")
@@ -283,7 +292,7 @@ def long_plots(runs, steps=LONG):
     for j, r in enumerate(g):
       st = [e["step"] for e in r["evals"]]
       kw = dict(color=f"C{i}", lw=1, alpha=0.8,
-                label=f"{label}" if j == 0 else None, ls=("-", "--", ":", "-.", "-")[j % 5])
+                label=f"{label}" if j == 0 else None, ls=SEED_STYLES[j % 5])
       ax[0].plot([0] + st, [r["init"]["train"]["ce"]] + [e["train_ce"] for e in r["evals"]],
                  **kw)
       ax[1].plot([0] + st, [100 * r["init"]["val"]["accuracy"]]
@@ -291,7 +300,7 @@ def long_plots(runs, steps=LONG):
     if pred is MAIN[1][2]:
       for j, r in enumerate(g):
         if r.get("mean_h"):
-          ax[2].plot(r["mean_h"], color="C1", lw=1, ls=("-", "--", ":", "-.", "-")[j % 5],
+          ax[2].plot(r["mean_h"], color="C1", lw=1, ls=SEED_STYLES[j % 5],
                      label=f"seed {r['config']['seed']}")
   ax[0].set_ylabel("training CE, whole k-shot set")
   ax[1].set_ylabel("validation accuracy %")
