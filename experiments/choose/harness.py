@@ -1,0 +1,377 @@
+"""The run engine of the "choosing a method" study: one run = one method on one task for a
+budget of forward passes, checkpointed and resumable, one JSON result.
+
+What a run is (``RunConfig``): a task (``tasks.TASKS``), a method named by its public name in
+``hizoo_jax`` (``"mezo"``, ``"hizoo"``, ``"presets.hizoo"``, and any ``hz.NAME(learning_rate,
+**options)`` that lands later, e.g. ``"fzoo"``), its options, a learning rate with a schedule
+(``constant``, ``cosine`` or ``linear`` decay to 0 over the budget), a seed and a budget of
+forward passes.
+
+Why forward passes, counted as executed: methods spend different numbers of passes per step
+(MeZO 2, HiZOO 3 on Hessian steps, FZOO 1 + probes, ...), so comparing them per step favours
+the expensive ones. When the optimizer state carries a ``forward_passes`` counter
+(``optax.tree_utils.tree_get(state, "forward_passes")``) the harness uses it (and checks its
+own count against it at every evaluation); otherwise it counts from the method's known cost
+(``METHODS``). Each result file says which (``fp_source``).
+
+Pairing: the seed sets the data order (``hizoo_jax.models.data.batch_indices``, a pure function
+of ``(seed, step)``), the model/head initialisation (task-specific) and the noise (the
+method's ``seed`` option). Two methods run at the same seed see the same batches in the
+same order and start from the same parameters.
+
+Resume: at every evaluation the params, the optimizer state (whose PRNG key fixes all future
+noise) and the history are saved with Orbax; a restarted run continues from there and ends
+bit for bit like an uninterrupted one (``tests/test_choose.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import hizoo_jax as hz
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+CKPTS = os.path.join(HERE, "ckpt")
+BLOW_UP = 100.0  # a run whose train loss exceeds this times the initial one has diverged
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+# ----------------------------------------------------------------------------------------
+# Methods.
+
+
+def _n(options: dict) -> int:
+  return int(options.get("num_directions", 1))
+
+
+def _hizoo_cost(options: dict, step: int) -> int:
+  every = int(options.get("hessian_update_every", 1))
+  return 2 * _n(options) + (1 if step % every == 0 else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """A method of the library, built by its public name.
+
+  Attributes:
+    name: the attribute path in ``hizoo_jax`` (``"mezo"``, ``"presets.hizoo"``).
+    cost: forward passes of step ``t`` (0-based) for the given options, or None when only
+      the optimizer state's counter can tell (then the state must have one).
+  """
+
+  name: str
+  cost: Callable[[dict, int], int] | None = None
+
+
+# Known costs (what the method's update executes). A method that is not listed here still
+# runs if ``hz.<name>`` exists and its state counts its own forward passes.
+METHODS: dict[str, Method] = {
+    "mezo": Method("mezo", lambda o, t: 2 * _n(o)),
+    "hizoo": Method("hizoo", _hizoo_cost),
+    "hizoo_l": Method("hizoo_l", _hizoo_cost),
+    "presets.hizoo": Method("presets.hizoo", _hizoo_cost),
+    "presets.hizoo_l": Method("presets.hizoo_l", _hizoo_cost),
+}
+
+
+def method_of(name: str) -> Method:
+  """The registered method, or an unregistered public name (cost from the state's counter)."""
+  return METHODS.get(name, Method(name, None))
+
+
+def public(name: str) -> Callable[..., Any]:
+  """``hz.<name>`` (dots allowed: ``"presets.hizoo"``); a clear error if it does not exist."""
+  obj: Any = hz
+  for part in name.split("."):
+    if not hasattr(obj, part):
+      raise ValueError(f"hizoo_jax has no public {name!r} (not landed yet?)")
+    obj = getattr(obj, part)
+  return obj
+
+
+_PER_D = re.compile(r"^\s*([0-9.eE+-]+)\s*/\s*d\s*$")
+
+
+def resolve_options(options: dict, num_params: int) -> dict:
+  """Options with ``"<c>/d"`` strings replaced by ``c / d`` (``d``: trainable scalars), so a
+  table can ask for HiZOO's ``alpha = 0.5 / d`` without knowing the model's size."""
+  out = {}
+  for k, v in options.items():
+    m = _PER_D.match(v) if isinstance(v, str) else None
+    out[k] = float(m.group(1)) / num_params if m else v
+  return out
+
+
+def make_schedule(kind: str, lr: float, horizon: int) -> optax.Schedule:
+  """``constant``, or ``cosine`` / ``linear`` decay from ``lr`` to 0 over ``horizon`` steps."""
+  if kind == "constant":
+    return optax.constant_schedule(lr)
+  if kind == "cosine":
+    return optax.cosine_decay_schedule(lr, max(horizon, 1))
+  if kind == "linear":
+    return optax.linear_schedule(lr, 0.0, max(horizon, 1))
+  raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
+
+
+def build_tx(method: str, learning_rate: Any, options: dict, seed: int):
+  """``hz.<method>(learning_rate, **options)`` with the run's noise seed when it takes one."""
+  fn = public(method)
+  try:
+    params = inspect.signature(fn).parameters
+    takes_seed = "seed" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+  except (TypeError, ValueError):
+    takes_seed = True
+  kw = dict(options)
+  if takes_seed and "seed" not in kw:
+    kw["seed"] = seed
+  return fn(learning_rate, **kw)
+
+
+def read_counter(opt_state) -> int | None:
+  """The state's executed-forward-pass counter, or None when the method has none."""
+  try:
+    value = optax.tree_utils.tree_get(opt_state, "forward_passes")
+  except (KeyError, ValueError):
+    return None
+  return None if value is None else int(np.sum(np.asarray(value)))
+
+
+def state_bytes(opt_state) -> int:
+  """Bytes of the optimizer state's arrays (what a method costs in memory beyond params)."""
+  return int(sum(np.asarray(x).nbytes if not hasattr(x, "nbytes") else x.nbytes
+                 for x in jax.tree.leaves(opt_state)))
+
+
+def mean_hessian(opt_state) -> float | None:
+  """Mean of HiZOO's diagonal-Hessian estimate, or None for methods without one."""
+  try:
+    h = hz.get_hessian(opt_state)
+  except (ValueError, TypeError, KeyError):
+    return None
+  leaves = [jnp.ravel(jnp.asarray(x)) for x in jax.tree.leaves(h)]
+  if not leaves:
+    return None
+  return float(jnp.mean(jnp.concatenate(leaves)))
+
+
+def code_version() -> str:
+  """The hizoo_jax the run uses: ``$CHOOSE_HIZOO_COMMIT`` (set by ``queue.sh``, which runs
+  from a snapshot of that commit) or the package's path."""
+  return os.environ.get("CHOOSE_HIZOO_COMMIT") or os.path.dirname(hz.__file__)
+
+
+# ----------------------------------------------------------------------------------------
+# Runs.
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """One run. ``budget`` and ``eval_every`` count forward passes."""
+
+  task: str
+  method: str
+  lr: float
+  schedule: str = "constant"
+  options: tuple = ()  # sorted (key, value) pairs: hashable, stable in the run id
+  seed: int = 0
+  budget: int = 10_000
+  eval_every: int = 1_000
+  tag: str = ""  # distinguishes option sets in the run id when options differ
+
+  @property
+  def opts(self) -> dict:
+    return dict(self.options)
+
+  @property
+  def run_id(self) -> str:
+    """A file name: task, method+tag, schedule, lr, seed, budget."""
+    m = self.method.replace(".", "-")
+    return (f"{m}{self.tag}_{self.schedule}_lr{self.lr:.3g}_s{self.seed}_fp{self.budget}")
+
+  def to_json(self) -> dict:
+    return {**dataclasses.asdict(self), "options": self.opts, "run_id": self.run_id}
+
+
+def make_config(task, method, lr, *, schedule="constant", options=None, seed=0, budget=10_000,
+                eval_every=1_000, tag="") -> RunConfig:
+  """A :class:`RunConfig` with the options dict frozen into sorted pairs."""
+  return RunConfig(task, method, float(lr), schedule, tuple(sorted((options or {}).items())),
+                   int(seed), int(budget), int(eval_every), tag)
+
+
+def result_path(cfg: RunConfig, results: str = RESULTS) -> str:
+  return os.path.join(results, cfg.task, cfg.run_id + ".json")
+
+
+def ckpt_dir(cfg: RunConfig, ckpts: str = CKPTS) -> str:
+  return os.path.join(ckpts, cfg.task, cfg.run_id)
+
+
+def _mean_cost(method: Method, options: dict) -> float | None:
+  if method.cost is None:
+    return None
+  return float(np.mean([method.cost(options, t) for t in range(1024)]))
+
+
+def _atomic_json(path: str, obj: Any) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as fh:
+    json.dump(obj, fh)
+  os.replace(tmp, path)
+
+
+def _finite(x: float) -> float | None:
+  return float(x) if np.isfinite(x) else None
+
+
+def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
+        stop_after: int | None = None, log: Callable[[str], None] = print) -> dict | None:
+  """Runs (or resumes) ``cfg`` on ``task`` and writes its result JSON; returns it.
+
+  Args:
+    cfg: the run.
+    task: a ``tasks.Task`` (``setup(seed, restoring)``).
+    results, ckpts: directories of result files and checkpoints.
+    stop_after: stop (as an interruption would) after the first evaluation at or past this
+      many forward passes, returning None: the resume test.
+    log: progress printer.
+  """
+  t_start = time.perf_counter()
+  method = method_of(cfg.method)
+  cdir = ckpt_dir(cfg, ckpts)
+  restoring = os.path.isfile(os.path.join(cdir, "history.json"))
+  inst = task.setup(cfg.seed, restoring=restoring)
+  d = int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(inst.params)))
+  options = resolve_options(cfg.opts, d)
+  mean_cost = _mean_cost(method, options)
+  step = None
+  if mean_cost is None:
+    # No known cost: one step of a constant-lr copy reads the state's counter.
+    tx0 = build_tx(cfg.method, cfg.lr, options, cfg.seed)
+    s0 = tx0.init(inst.params)
+    step0 = hz.make_train_step(tx0, inst.loss_fn)
+    _, s1, _ = step0(jax.tree.map(jnp.copy, inst.params), s0, *inst.extra, *inst.batch(0))
+    mean_cost = read_counter(s1)
+    if not mean_cost:
+      raise ValueError(f"{cfg.method}: no known cost and no forward_passes counter in its "
+                       "state; add it to harness.METHODS")
+  horizon = int(math.ceil(cfg.budget / mean_cost))
+  tx = build_tx(cfg.method, make_schedule(cfg.schedule, cfg.lr, horizon), options, cfg.seed)
+  params = inst.params
+  opt_state = tx.init(params)
+  has_counter = read_counter(opt_state) is not None
+  step = hz.make_train_step(tx, inst.loss_fn)
+
+  from hizoo_jax.models import checkpoint
+
+  ckpt = checkpoint.Checkpointer(cdir, max_to_keep=2)
+  hist: dict[str, Any] = {"t": 0, "fp": 0, "train_seconds": 0.0, "evals": [], "windows": [],
+                          "code": code_version()}
+  if restoring:
+    with open(os.path.join(cdir, "history.json")) as fh:
+      hist = json.load(fh)
+    if hist.get("code") != code_version():
+      log(f"  WARNING {cfg.run_id}: started with {hist.get('code')}, resumed with "
+          f"{code_version()}; bit-for-bit resume needs the same hizoo_jax")
+    tree = ckpt.restore({"params": params, "opt_state": opt_state}, step=hist["t"])
+    params, opt_state = tree["params"], tree["opt_state"]
+    log(f"  {cfg.run_id}: resumed at step {hist['t']}, {hist['fp']} forward passes")
+  else:
+    ev = inst.evaluate(params)
+    hist["evals"].append({"step": 0, "fp": 0, **ev, "seconds": 0.0, "mean_h": None})
+  t, fp = int(hist["t"]), int(hist["fp"])
+  initial_train = hist["evals"][0]["train_loss"]
+  next_eval = (fp // cfg.eval_every + 1) * cfg.eval_every
+  diverged = hist.get("diverged")
+  losses: list = []
+  t0 = time.perf_counter()
+  fp_window = 0
+  while fp < cfg.budget and diverged is None:
+    params, opt_state, loss = step(params, opt_state, *inst.extra, *inst.batch(t))
+    losses.append(loss)
+    if method.cost is not None:
+      fp += method.cost(options, t)
+    else:
+      fp = read_counter(opt_state)
+    t += 1
+    if fp >= next_eval or fp >= cfg.budget:
+      window = np.asarray(jnp.stack(losses), np.float64)
+      seconds = time.perf_counter() - t0
+      fp_window = fp - hist["fp"]
+      if has_counter:
+        counted = read_counter(opt_state)
+        if counted != fp:
+          raise RuntimeError(f"{cfg.run_id}: state counter {counted} != harness count {fp}")
+      ev = inst.evaluate(params)
+      hist["train_seconds"] += seconds
+      hist["windows"].append({"step": t, "fp": fp, "fp_in_window": fp_window,
+                              "seconds": seconds, "minibatch_loss": _finite(window.mean())})
+      hist["evals"].append({"step": t, "fp": fp, **ev, "seconds": hist["train_seconds"],
+                            "mean_h": mean_hessian(opt_state)})
+      hist["t"], hist["fp"] = t, fp
+      if not (np.all(np.isfinite(window)) and np.isfinite(ev["train_loss"])
+              and ev["train_loss"] <= BLOW_UP * initial_train):
+        diverged = hist["diverged"] = t
+      log(f"  {cfg.run_id} step {t} fp {fp}: minibatch {window.mean():.4f} train "
+          f"{ev['train_loss']:.4f} val {ev['val_loss']:.4f} ({fp_window / seconds:.1f} fp/s, "
+          f"{time.strftime('%H:%M:%S')})")
+      ckpt.save(t, {"params": params, "opt_state": opt_state})
+      _atomic_json(os.path.join(cdir, "history.json"), hist)
+      next_eval = (fp // cfg.eval_every + 1) * cfg.eval_every
+      losses = []
+      if stop_after is not None and fp >= stop_after and fp < cfg.budget:
+        ckpt.close()
+        return None
+      t0 = time.perf_counter()
+  ckpt.close()
+  last = hist["evals"][-1]
+  test = inst.test(params) if diverged is None else None
+  # seconds per forward pass: the median window after the first (which compiles)
+  rates = [w["seconds"] / w["fp_in_window"] for w in hist["windows"][1:] if w["fp_in_window"]]
+  if not rates:
+    rates = [w["seconds"] / w["fp_in_window"] for w in hist["windows"] if w["fp_in_window"]]
+  out = {
+      "config": cfg.to_json(),
+      "resolved_options": {k: v for k, v in options.items()},
+      "task_info": inst.info,
+      "num_params": d,
+      "fp_source": ("state counter (forward_passes), checked against the harness count"
+                    if has_counter else "harness count from the method's cost"
+                    if method.cost is not None else "state counter (forward_passes)"),
+      "fp_per_step_mean": mean_cost,
+      "schedule_horizon_steps": horizon,
+      "steps": hist["t"],
+      "forward_passes": hist["fp"],
+      "diverged_at_step": diverged,
+      "curve": hist["evals"],
+      "windows": hist["windows"],
+      "final": {"train_loss": last["train_loss"] if diverged is None else None,
+                "val_loss": last["val_loss"] if diverged is None else None},
+      "test": test,
+      "sec_per_fp": float(np.median(rates)) if rates else None,
+      "train_seconds": hist["train_seconds"],
+      "state_bytes": state_bytes(opt_state),
+      "params_bytes": state_bytes(params),
+      "wall_seconds_this_session": time.perf_counter() - t_start,
+      "jax": jax.__version__,
+      "code": hist.get("code"),
+      "date": time.strftime("%Y-%m-%d %H:%M"),
+  }
+  _atomic_json(result_path(cfg, results), out)
+  return out

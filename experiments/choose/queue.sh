@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs tables of the "choosing a method" study in the background, from a frozen snapshot of
+# the code, so that edits to the working tree during a run (hours) cannot change it.
+#
+#   bash experiments/choose/queue.sh digits_mezo sst2_ft_mezo    # tables, in this order
+#   CHOOSE_REF=<commit> bash experiments/choose/queue.sh ...      # hizoo_jax of that commit
+#
+# The snapshot (in $CHOOSE_SNAPSHOT, default /tmp/choose_run) is hizoo_jax/, experiments/ and
+# examples/ of $CHOOSE_REF (default HEAD) plus the working tree's experiments/choose/. Results
+# and checkpoints go to this checkout's experiments/choose/{results,ckpt}; the log to
+# experiments/choose/logs/<first table>.log. Runs are niced and XLA is kept to one thread
+# (the machine's two cores are shared). Resumable: run the same command again.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+ref="${CHOOSE_REF:-HEAD}"
+snap="${CHOOSE_SNAPSHOT:-/tmp/choose_run}"
+py="${CHOOSE_PYTHON:-/work/venv/bin/python}"
+commit="$(git -C "$root" rev-parse "$ref")"
+rm -rf "$snap" && mkdir -p "$snap"
+git -C "$root" archive "$commit" hizoo_jax experiments examples | tar -x -C "$snap"
+rm -rf "$snap/experiments/choose" && cp -r "$here" "$snap/experiments/choose"
+rm -rf "$snap/experiments/choose/results" "$snap/experiments/choose/ckpt"
+mkdir -p "$here/logs"
+tables=()
+for t in "$@"; do tables+=(--table "$t"); done
+cd "$snap"
+export CHOOSE_HIZOO_COMMIT="$commit"
+export XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1}"
+nohup nice -n 15 "$py" -m experiments.choose.run "${tables[@]}" \
+  --results "$here/results" --ckpts "$here/ckpt" >> "$here/logs/$1.log" 2>&1 &
+echo "queue pid $! (hizoo_jax $commit, snapshot $snap, log $here/logs/$1.log)"

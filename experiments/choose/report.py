@@ -1,0 +1,196 @@
+"""Tables and plots of the "choosing a method" study from its result files (seconds).
+
+    python -m experiments.choose.report --table digits_mezo     # Markdown to stdout + PNG
+
+For each grid and schedule of a table: every learning rate's final validation loss (mean
+over the seeds that finished; what tuning selects on), final training-set loss, test
+accuracy (scored once at the end; never used to select), diverged runs, seconds per forward
+pass; the selected learning rate is marked and must be interior to the grid (the runner
+widens it until it is). Then the tuned schedules against each other: each schedule's best
+run per seed and the forward passes it takes to reach the final training loss of the tuned
+baseline (the best schedule) of the same seed, as a paired ratio. The plot is the training
+loss against forward passes of each schedule's selected learning rate, one line per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import numpy as np
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))))
+
+from experiments.choose import harness, run  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(harness.HERE))
+FIGURES = os.path.join(ROOT, "docs", "results", "figures")
+
+
+def fp_to_reach(res: dict, target: float) -> int | None:
+  """Forward passes at the first evaluation whose training-set loss is <= ``target``
+  (resolution: the run's evaluation interval), or None if it never gets there."""
+  for e in res["curve"]:
+    v = e["train_loss"]
+    if v is not None and np.isfinite(v) and v <= target:
+      return int(e["fp"])
+  return None
+
+
+def _fmt(x, spec=".4f"):
+  return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _mean_sd(xs, spec=".4f", scale=1.0):
+  xs = [x * scale for x in xs if x is not None and math.isfinite(x)]
+  if not xs:
+    return "—"
+  if len(xs) == 1:
+    return format(xs[0], spec)
+  return f"{format(np.mean(xs), spec)} ± {format(np.std(xs, ddof=1), spec)}"
+
+
+def grid_exponents(grid: run.Grid, schedule: str, results: str) -> list[int]:
+  """The grid's exponents plus any the runner widened to (that have a result)."""
+  exps = set(grid.exponents)
+  for e in range(min(exps) - 6, max(exps) + 7):
+    if any(run.load(grid.config(e, schedule, s), results) for s in grid.seeds):
+      exps.add(e)
+  return sorted(exps)
+
+
+def schedule_table(grid: run.Grid, schedule: str, results: str):
+  """Markdown rows of one schedule's learning rates; returns (text, best exponent)."""
+  exps = grid_exponents(grid, schedule, results)
+  best, means = run.select(grid, schedule, exps, results)
+  lines = [f"**{grid.task}, {grid.method}{grid.tag}, {schedule}** ({len(grid.seeds)} seeds, "
+           f"{grid.budget:,} forward passes)", "",
+           "| lr | seeds done | val loss (selection) | train loss | test acc % | diverged |"
+           " s / forward pass |", "|---|---|---|---|---|---|---|"]
+  for e in exps:
+    rs = [run.load(grid.config(e, schedule, s), results) for s in grid.seeds]
+    rs = [r for r in rs if r is not None]
+    if not rs:
+      continue
+    vals = [run.val_loss(r) for r in rs]
+    mark = " **(selected)**" if e == best else ""
+    acc = [(r["test"] or {}).get("test_accuracy") for r in rs]
+    spf = [r["sec_per_fp"] for r in rs if r["sec_per_fp"]]
+    lines.append(
+        f"| {run.hd(e):.3g}{mark} | {len(rs)}/{len(grid.seeds)} | "
+        f"{_mean_sd([v if math.isfinite(v) else None for v in vals])} | "
+        f"{_mean_sd([r['final']['train_loss'] for r in rs])} | "
+        f"{_mean_sd([a for a in acc if a is not None], '.1f', 100.0)} | "
+        f"{sum(r['diverged_at_step'] is not None for r in rs)} | "
+        f"{_fmt(float(np.median(spf)) if spf else None, '.2e')} |")
+  if best is not None:
+    edge = best in (min(exps), max(exps))
+    lines.append("")
+    lines.append(f"Selected lr {run.hd(best):.3g}: "
+                 f"{'AT THE EDGE of the grid (widen it)' if edge else 'interior'} "
+                 f"(neighbours' val loss: {_fmt(means.get(best - 1))} below, "
+                 f"{_fmt(means.get(best + 1))} above).")
+  else:
+    lines.append("")
+    lines.append("Selection pending: not every run of the grid has finished.")
+  return "\n".join(lines), best
+
+
+def compare_schedules(grid: run.Grid, bests: dict, results: str):
+  """Paired comparison of the tuned schedules: forward passes to the baseline's final
+  training loss (per seed), final losses and test accuracy."""
+  done = {sch: e for sch, e in bests.items() if e is not None}
+  if len(done) < 2:
+    return ""
+  runs = {sch: {s: run.load(grid.config(e, sch, s), results) for s in grid.seeds}
+          for sch, e in done.items()}
+  base = min(done, key=lambda sch: np.mean([run.val_loss(r) for r in runs[sch].values()]))
+  lines = [f"Tuned schedules, paired by seed. Baseline: {base} at lr "
+           f"{run.hd(done[base]):.3g} (lowest mean validation loss). Ratio: forward passes to "
+           "reach the baseline's final training loss of the same seed, over the baseline's "
+           "budget (evaluation interval "
+           f"{grid.eval_every:,}; \"never\": not within the budget).", "",
+           "| schedule | lr | val loss | train loss | test acc % | ratio per seed |",
+           "|---|---|---|---|---|---|"]
+  for sch, rs in runs.items():
+    ratios = []
+    for s, r in rs.items():
+      b = runs[base][s]
+      target = b["final"]["train_loss"]
+      hit = fp_to_reach(r, target) if target is not None else None
+      ratios.append("never" if hit is None else f"{hit / b['forward_passes']:.2f}")
+    vals = list(rs.values())
+    lines.append(
+        f"| {sch}{' (baseline)' if sch == base else ''} | {run.hd(done[sch]):.3g} | "
+        f"{_mean_sd([run.val_loss(r) for r in vals])} | "
+        f"{_mean_sd([r['final']['train_loss'] for r in vals])} | "
+        f"{_mean_sd([(r['test'] or {}).get('test_accuracy') for r in vals], '.1f', 100.0)} | "
+        f"{', '.join(ratios)} |")
+  return "\n".join(lines)
+
+
+def plot(grid: run.Grid, bests: dict, results: str, path: str) -> None:
+  """Training-set loss against forward passes at each schedule's selected lr."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for i, (sch, e) in enumerate(bests.items()):
+    if e is None:
+      continue
+    for j, s in enumerate(grid.seeds):
+      r = run.load(grid.config(e, sch, s), results)
+      if r is None:
+        continue
+      fp = [c["fp"] for c in r["curve"]]
+      tl = [c["train_loss"] for c in r["curve"]]
+      ax.plot(fp, tl, color=f"C{i}", lw=1.2, alpha=0.85,
+              label=f"{sch}, lr {run.hd(e):.3g}" if j == 0 else None)
+  ax.set_xlabel("forward passes")
+  ax.set_ylabel("training-set loss")
+  ax.set_yscale("log")
+  ax.set_title(f"{grid.task}: {grid.method}{grid.tag}, tuned lr per schedule")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def report(name: str, results: str = harness.RESULTS, figures: str | None = FIGURES) -> str:
+  """The Markdown report of table ``name`` (and its PNGs in ``figures`` unless None)."""
+  parts = [run.progress(name, results)]
+  for k, grid in enumerate(run.TABLES[name]):
+    bests = {}
+    for sch in grid.schedules:
+      text, bests[sch] = schedule_table(grid, sch, results)
+      parts.append(text)
+    comp = compare_schedules(grid, bests, results)
+    if comp:
+      parts.append(comp)
+    if figures and any(e is not None for e in bests.values()):
+      os.makedirs(figures, exist_ok=True)
+      png = os.path.join(figures, f"choosing_{name}{'_' + str(k) if k else ''}.png")
+      plot(grid, bests, results, png)
+      parts.append(f"(plot: {os.path.relpath(png, ROOT)})")
+  return "\n\n".join(parts)
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--table", action="append", default=[], help=f"of {sorted(run.TABLES)}")
+  p.add_argument("--results", default=harness.RESULTS)
+  p.add_argument("--no-plot", action="store_true")
+  a = p.parse_args(argv)
+  for name in a.table or ["digits_mezo"]:
+    print(report(name, a.results, None if a.no_plot else FIGURES))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,247 @@
+"""The queue runner of the "choosing a method" study: one command per table.
+
+    python -m experiments.choose.run --table digits_mezo      # ~30-60 min on 2 shared cores
+    python -m experiments.choose.run --table sst2_ft_mezo     # hours a run; resumable
+    python -m experiments.choose.run --table smoke            # seconds (what CI runs)
+    python -m experiments.choose.run --list                   # tables and their progress
+
+A table is a list of grids (task x method x options x schedules x learning rates x seeds at
+one budget of forward passes). The runner goes through them in order, skips runs whose
+result file exists, resumes runs that have a checkpoint, and takes a lock file per run, so
+two queues (on the same machine, e.g. ``--reverse`` beside a plain one) never run the same
+run. Kill it at any time; the same command continues.
+
+Learning rates are half-decades (``10 ** (e / 2)``). After a grid's learning rates are all
+done for a schedule, the runner widens it while the best one (lowest mean final validation
+loss over the table's seeds; a diverged run counts as infinitely bad) sits at an edge: it
+adds the next half-decade beyond that edge and runs it, so every selected learning rate is
+interior to its grid. Test metrics are never used for selection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import socket
+import sys
+import time
+import traceback
+
+import numpy as np
+
+if __package__ in (None, ""):
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))))
+
+from experiments.choose import harness, tasks  # noqa: E402
+
+
+def hd(e: int) -> float:
+  """The half-decade learning rate ``10 ** (e / 2)``: ``hd(-6) = 1e-3``, ``hd(-5) = 3.16e-3``."""
+  return float(10.0 ** (e / 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+  """One method's tuning grid on one task at one budget (forward passes)."""
+
+  task: str
+  method: str
+  exponents: tuple  # learning rates hd(e), in the order to run them
+  schedules: tuple = harness.SCHEDULES
+  seeds: tuple = (0, 1, 2)
+  budget: int = 20_000
+  eval_every: int = 1_000
+  options: tuple = ()  # (key, value) pairs
+  tag: str = ""
+  widen: bool = True
+  max_points: int = 12
+
+  def config(self, e: int, schedule: str, seed: int) -> harness.RunConfig:
+    return harness.make_config(self.task, self.method, hd(e), schedule=schedule,
+                               options=dict(self.options), seed=seed, budget=self.budget,
+                               eval_every=self.eval_every, tag=self.tag)
+
+
+MEZO_MU = (("mu", 1e-3),)
+TABLES: dict[str, list[Grid]] = {
+    # CI: a tiny budget end to end (tests/test_choose.py runs it).
+    "smoke": [Grid("digits", "mezo", (-6, -4), ("constant", "cosine"), (0,), 200, 100,
+                   widen=False)],
+    # The baseline on digits: MeZO, 7 half-decades 1e-4 .. 1e-1 (widened if the best is at an
+    # edge), three schedules, 3 seeds, 40,000 forward passes (20,000 steps of batch 64, ~15 s
+    # a run at ~3,500 forward passes a second on one shared core).
+    "digits_mezo": [Grid("digits", "mezo", tuple(range(-8, -1)), harness.SCHEDULES, (0, 1, 2),
+                         40_000, 2_000, MEZO_MU)],
+    # The baseline on MiniLM-L6 SST-2 full fine-tuning (all of train.tsv): MeZO with a cosine
+    # schedule at seed 0 first (the grid's middle first, so that early results are
+    # informative), then the other schedules, then seeds 1 and 2 (see README.md).
+    "sst2_ft_mezo": [
+        Grid("sst2_ft_full", "mezo", (-10, -9, -11, -8, -12), ("cosine",), (0,), 20_000,
+             2_000, MEZO_MU),
+        Grid("sst2_ft_full", "mezo", (-10, -9, -11, -8, -12), ("constant", "linear"), (0,),
+             20_000, 2_000, MEZO_MU),
+    ],
+}
+
+
+# ----------------------------------------------------------------------------------------
+# Locks shared by queues.
+
+
+def claim(path: str) -> str | None:
+  """Creates ``path + ".lock"`` holding ``host pid``; None if a live queue holds it. A lock
+  of a dead process, or one written on another host (a machine of an earlier session), is
+  stale and taken over."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  lock = path + ".lock"
+  me = f"{socket.gethostname()} {os.getpid()}"
+  for _ in range(2):
+    try:
+      fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+      try:
+        with open(lock) as fh:
+          host, pid = fh.read().split()
+        if host == socket.gethostname():
+          os.kill(int(pid), 0)  # raises if the process is gone
+          return None
+      except (OSError, ValueError):
+        pass
+      try:
+        os.remove(lock)
+      except FileNotFoundError:
+        pass
+      continue
+    with os.fdopen(fd, "w") as fh:
+      fh.write(me)
+    return lock
+  return None
+
+
+def load(cfg: harness.RunConfig, results: str = harness.RESULTS) -> dict | None:
+  path = harness.result_path(cfg, results)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as fh:
+    return json.load(fh)
+
+
+def execute(cfg: harness.RunConfig, *, results: str = harness.RESULTS,
+            ckpts: str = harness.CKPTS, stop_after: int | None = None) -> dict | None:
+  """Runs ``cfg`` unless done or locked; returns its result (None if not finished here)."""
+  done = load(cfg, results)
+  if done is not None:
+    return done
+  lock = claim(harness.result_path(cfg, results))
+  if lock is None:
+    print(f"... {cfg.task}/{cfg.run_id} is being run by another queue", flush=True)
+    return None
+  print(f"=== {cfg.task}/{cfg.run_id} ({time.strftime('%H:%M:%S')})", flush=True)
+  try:
+    res = harness.run(cfg, tasks.TASKS[cfg.task], results=results, ckpts=ckpts,
+                      stop_after=stop_after, log=lambda s: print(s, flush=True))
+  except Exception:  # keep the queue going; the traceback is in the log
+    traceback.print_exc()
+    res = None
+  finally:
+    os.remove(lock)
+  if res is not None:
+    f, te = res["final"], res["test"] or {}
+    print(f"--- {cfg.run_id}: train {f['train_loss']} val {f['val_loss']} test {te} "
+          f"{res['sec_per_fp']:.2e} s/fp", flush=True)
+  return res
+
+
+# ----------------------------------------------------------------------------------------
+# Selection and widening.
+
+
+def val_loss(res: dict | None) -> float:
+  """Final validation loss; a diverged run is infinitely bad, a missing one is NaN."""
+  if res is None:
+    return math.nan
+  v = res["final"]["val_loss"]
+  return math.inf if v is None or not np.isfinite(v) else float(v)
+
+
+def select(grid: Grid, schedule: str, exponents, results: str = harness.RESULTS):
+  """``(best exponent or None, {e: mean final val loss over seeds})``; None until every run
+  of the grid has finished."""
+  means = {}
+  for e in exponents:
+    vals = [val_loss(load(grid.config(e, schedule, s), results)) for s in grid.seeds]
+    means[e] = float(np.mean(vals)) if not any(math.isnan(v) for v in vals) else math.nan
+  if any(math.isnan(v) for v in means.values()):
+    return None, means
+  return min(means, key=lambda e: (means[e], e)), means
+
+
+def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness.CKPTS,
+             reverse: bool = False) -> None:
+  """Every schedule's learning rates x seeds, widened until the best is interior."""
+  for schedule in grid.schedules:
+    exps = list(grid.exponents)
+    while True:
+      order = list(reversed(exps)) if reverse else exps
+      for e in order:
+        for s in (reversed(grid.seeds) if reverse else grid.seeds):
+          execute(grid.config(e, schedule, s), results=results, ckpts=ckpts)
+      best, means = select(grid, schedule, exps, results)
+      shown = ", ".join(f"{hd(e):.3g}: {means[e]:.4f}" for e in sorted(exps))
+      print(f"### {grid.task} {grid.method}{grid.tag} {schedule}: mean val loss {{{shown}}}"
+            f" best {None if best is None else f'{hd(best):.3g}'}", flush=True)
+      if best is None or not grid.widen or len(exps) >= grid.max_points:
+        break
+      if best == min(exps):
+        exps.append(best - 1)
+      elif best == max(exps):
+        exps.append(best + 1)
+      else:
+        break
+
+
+def progress(name: str, results: str = harness.RESULTS) -> str:
+  """``done/planned`` runs of a table (planned: the grids before any widening)."""
+  done = planned = 0
+  for g in TABLES[name]:
+    for sch in g.schedules:
+      for e in g.exponents:
+        for s in g.seeds:
+          planned += 1
+          done += load(g.config(e, sch, s), results) is not None
+  return f"{name}: {done}/{planned} runs done"
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--table", action="append", default=[], help=f"one of {sorted(TABLES)}")
+  p.add_argument("--reverse", action="store_true",
+                 help="go through the grids from the other end (a second queue)")
+  p.add_argument("--list", action="store_true", help="print the tables' progress")
+  p.add_argument("--results", default=harness.RESULTS)
+  p.add_argument("--ckpts", default=harness.CKPTS)
+  a = p.parse_args(argv)
+  if a.list:
+    for name in TABLES:
+      print(progress(name, a.results))
+    return
+  import jax
+
+  print(f"jax {jax.__version__} {jax.devices()} ({time.strftime('%Y-%m-%d %H:%M:%S')})",
+        flush=True)
+  for name in a.table:
+    if name not in TABLES:
+      p.error(f"unknown table {name!r}; one of {sorted(TABLES)}")
+    grids = list(reversed(TABLES[name])) if a.reverse else TABLES[name]
+    for g in grids:
+      run_grid(g, results=a.results, ckpts=a.ckpts, reverse=a.reverse)
+    print(f"##### {progress(name, a.results)} ({time.strftime('%H:%M:%S')})", flush=True)
+
+
+if __name__ == "__main__":
+  main()

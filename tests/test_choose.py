@@ -1,0 +1,103 @@
+"""The "choosing a method" harness (experiments/choose): a tiny budget end to end, resume bit
+for bit, the forward-pass count, the method registry, schedules and grid widening."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("flax")
+pytest.importorskip("orbax.checkpoint")
+
+from experiments.choose import harness, run, tasks  # noqa: E402
+
+
+def _cfg(**kw):
+  base = dict(schedule="cosine", options={"mu": 1e-3}, seed=1, budget=120, eval_every=40)
+  return harness.make_config("digits", "mezo", 1e-2, **{**base, **kw})
+
+
+def test_run_and_resume_bit_for_bit(tmp_path):
+  cfg = _cfg()
+  whole = harness.run(cfg, tasks.TASKS["digits"], results=str(tmp_path / "a"),
+                      ckpts=str(tmp_path / "ca"), log=lambda s: None)
+  assert whole["forward_passes"] == 120 and whole["steps"] == 60
+  assert [e["fp"] for e in whole["curve"]] == [0, 40, 80, 120]
+  assert whole["fp_source"].startswith(("harness count", "state counter"))
+  assert whole["test"]["test_accuracy"] > 0 and whole["sec_per_fp"] > 0
+  assert whole["state_bytes"] > 0 and whole["diverged_at_step"] is None
+  # interrupted after the first evaluation, then the same call again continues
+  kw = dict(results=str(tmp_path / "b"), ckpts=str(tmp_path / "cb"), log=lambda s: None)
+  assert harness.run(cfg, tasks.TASKS["digits"], stop_after=40, **kw) is None
+  assert not os.path.exists(harness.result_path(cfg, kw["results"]))
+  resumed = harness.run(cfg, tasks.TASKS["digits"], **kw)
+  for key in ("curve", "final", "test", "forward_passes", "steps"):
+    a = [{k: v for k, v in e.items() if k != "seconds"} for e in whole[key]] \
+        if key == "curve" else whole[key]
+    b = [{k: v for k, v in e.items() if k != "seconds"} for e in resumed[key]] \
+        if key == "curve" else resumed[key]
+    assert a == b, key
+  with open(harness.result_path(cfg, kw["results"])) as fh:
+    assert json.load(fh)["final"] == whole["final"]
+
+
+def test_seeds_are_paired_and_schedules_differ(tmp_path):
+  kw = dict(results=str(tmp_path), ckpts=str(tmp_path / "c"), log=lambda s: None)
+  a = harness.run(_cfg(budget=40, schedule="constant"), tasks.TASKS["digits"], **kw)
+  b = harness.run(_cfg(budget=40, schedule="linear"), tasks.TASKS["digits"], **kw)
+  # same seed: same start (init) whatever the schedule
+  assert a["curve"][0] == b["curve"][0]
+  assert a["final"] != b["final"]
+
+
+def test_hizoo_cost_and_options():
+  opts = {"hessian_update_every": 3, "num_directions": 2}
+  costs = [harness.METHODS["hizoo"].cost(opts, t) for t in range(6)]
+  assert costs == [5, 4, 4, 5, 4, 4]
+  assert harness.METHODS["mezo"].cost({}, 0) == 2
+  assert harness.resolve_options({"hessian_smoothing": "0.5/d", "mu": 1e-3}, 1000) == {
+      "hessian_smoothing": 5e-4, "mu": 1e-3}
+  with pytest.raises(ValueError, match="no public"):
+    harness.public("no_such_method")
+  s = harness.make_schedule("cosine", 1.0, 10)
+  assert float(s(0)) == 1.0 and abs(float(s(10))) < 1e-7
+  s = harness.make_schedule("linear", 2.0, 4)
+  assert np.allclose([float(s(t)) for t in range(5)], [2.0, 1.5, 1.0, 0.5, 0.0])
+
+
+def test_hizoo_runs_and_counts(tmp_path):
+  cfg = harness.make_config("fa", "hizoo", 1e-2, options={"mu": 1e-2,
+                            "hessian_smoothing": "0.5/d"}, budget=30, eval_every=10)
+  res = harness.run(cfg, tasks.TASKS["fa"], results=str(tmp_path), ckpts=str(tmp_path / "c"),
+                    log=lambda s: None)
+  assert res["resolved_options"]["hessian_smoothing"] == 0.25  # d = 2
+  assert res["forward_passes"] >= 30 and res["curve"][-1]["mean_h"] is not None
+  assert res["fp_per_step_mean"] == 3.0
+
+
+def test_queue_skips_done_and_widens(tmp_path, capsys):
+  res, ck = str(tmp_path / "r"), str(tmp_path / "c")
+  grid = run.Grid("fa", "mezo", (-6, -5), ("constant",), (0,), 20, 10, widen=True,
+                  max_points=4)
+  run.run_grid(grid, results=res, ckpts=ck)
+  done = [e for e in range(-10, 0) if run.load(grid.config(e, "constant", 0), res) is not None]
+  assert len(done) > 2 and {-6, -5} <= set(done)  # widened
+  best, _ = run.select(grid, "constant", done, res)
+  assert min(done) < best < max(done)  # until the best is interior
+  run.run_grid(grid, results=res, ckpts=ck)  # everything done: nothing runs again
+  assert "===" not in capsys.readouterr().out.split("###")[-1]
+  assert run.hd(-6) == pytest.approx(1e-3) and run.hd(-5) == pytest.approx(10 ** -2.5)
+
+
+def test_lock_is_exclusive(tmp_path):
+  path = str(tmp_path / "x.json")
+  lock = run.claim(path)
+  assert lock is not None and run.claim(path) is None
+  os.remove(lock)
+  with open(path + ".lock", "w") as fh:
+    fh.write("another-host 1")
+  assert run.claim(path) is not None  # a lock from another machine is stale
