@@ -75,8 +75,13 @@ def test_the_package_ships_the_expected_modules():
   assert not any(m.startswith(("hizoo_jax.problems", "hizoo_jax.digits")) for m in mods)
 
 
+# Modules that need an extra beyond the core: the models (flax) and the integrations (each
+# its own framework, e.g. tunix), tested in tests/test_models_* and tests/test_tunix.py.
+WITH_EXTRAS = ("hizoo_jax.models", "hizoo_jax.integrations.")
+
+
 def test_core_modules_import_with_the_core_dependencies_alone():
-  core = [m for m in _modules() if not m.startswith("hizoo_jax.models")]
+  core = [m for m in _modules() if not m.startswith(WITH_EXTRAS)]
   out = _import_blocking(FLAX_EXTRA + NOT_DECLARED, core)
   assert out.returncode == 0, out.stderr[-3000:]
 
@@ -96,7 +101,7 @@ def test_the_probe_does_block():
 def test_no_module_outside_models_names_flax_or_sklearn():
   """A static check over the source, so that a lazy import inside a function is caught too."""
   for name in _modules():
-    if name.startswith("hizoo_jax.models"):
+    if name.startswith(WITH_EXTRAS):
       continue
     with open(importlib.util.find_spec(name).origin) as fh:
       tree = ast.parse(fh.read())
@@ -140,7 +145,8 @@ sys.exit(1 if failed else 0)
 def test_docstring_examples_run():
   """Every ``>>>`` example in the package, in a fresh interpreter with jax's defaults (float32,
   as a user runs them; the test session has float64 on)."""
-  mods = _modules()
+  mods = [m for m in _modules() if not m.startswith("hizoo_jax.integrations.")
+          or importlib.util.find_spec(m.split(".")[-1]) is not None]  # its framework
   pytest.importorskip("flax", reason="hizoo_jax.models needs flax")
   out = subprocess.run([sys.executable, "-c", _DOCTEST, ",".join(mods)], cwd="/",
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
