@@ -81,16 +81,18 @@ def test_hizoo_runs_and_counts(tmp_path):
 
 def test_queue_skips_done_and_widens(tmp_path, capsys):
   res, ck = str(tmp_path / "r"), str(tmp_path / "c")
-  grid = run.Grid("fa", "mezo", (-6, -5), ("constant",), (0,), 20, 10, widen=True,
-                  max_points=4)
+  grid = run.Grid("fa", "mezo", (-12, -10), ("constant",), (0,), 20, 10, widen=True,
+                  max_points=6)
   run.run_grid(grid, results=res, ckpts=ck)
-  done = [e for e in range(-10, 0) if run.load(grid.config(e, "constant", 0), res) is not None]
-  assert len(done) > 2 and {-6, -5} <= set(done)  # widened
+  done = [e for e in range(-20, 0) if run.load(grid.config(e, "constant", 0), res) is not None]
+  assert len(done) > 2 and {-12, -10} <= set(done)  # widened
   best, _ = run.select(grid, "constant", done, res)
   assert min(done) < best < max(done)  # until the best is interior
+  assert {best - 1, best + 1} <= set(done) or best % 2  # then refined to quarter-decades
   run.run_grid(grid, results=res, ckpts=ck)  # everything done: nothing runs again
   assert "===" not in capsys.readouterr().out.split("###")[-1]
-  assert run.hd(-6) == pytest.approx(1e-3) and run.hd(-5) == pytest.approx(10 ** -2.5)
+  assert run.lr_of(-12) == pytest.approx(1e-3) and run.lr_of(-10) == pytest.approx(10 ** -2.5)
+  assert run.lr_of(-16) == 10 ** (-8 / 2)  # the same float as a half-decade exponent
 
 
 def test_lock_is_exclusive(tmp_path):

@@ -81,7 +81,7 @@ def schedule_table(grid: run.Grid, schedule: str, results: str):
     acc = [(r["test"] or {}).get("test_accuracy") for r in rs]
     spf = [r["sec_per_fp"] for r in rs if r["sec_per_fp"]]
     lines.append(
-        f"| {run.hd(e):.3g}{mark} | {len(rs)}/{len(grid.seeds)} | "
+        f"| {run.lr_of(e):.3g}{mark} | {len(rs)}/{len(grid.seeds)} | "
         f"{_mean_sd([v if math.isfinite(v) else None for v in vals])} | "
         f"{_mean_sd([r['final']['train_loss'] for r in rs])} | "
         f"{_mean_sd([a for a in acc if a is not None], '.1f', 100.0)} | "
@@ -89,11 +89,15 @@ def schedule_table(grid: run.Grid, schedule: str, results: str):
         f"{_fmt(float(np.median(spf)) if spf else None, '.2e')} |")
   if best is not None:
     edge = best in (min(exps), max(exps))
+    below = max((e for e in exps if e < best), default=None)
+    above = min((e for e in exps if e > best), default=None)
     lines.append("")
-    lines.append(f"Selected lr {run.hd(best):.3g}: "
+    lines.append(f"Selected lr {run.lr_of(best):.3g}: "
                  f"{'AT THE EDGE of the grid (widen it)' if edge else 'interior'} "
-                 f"(neighbours' val loss: {_fmt(means.get(best - 1))} below, "
-                 f"{_fmt(means.get(best + 1))} above).")
+                 f"(nearest neighbours' val loss: {_fmt(means.get(below))} at "
+                 f"{_fmt(run.lr_of(below) if below is not None else None, '.3g')}, "
+                 f"{_fmt(means.get(above))} at "
+                 f"{_fmt(run.lr_of(above) if above is not None else None, '.3g')}).")
   else:
     lines.append("")
     lines.append("Selection pending: not every run of the grid has finished.")
@@ -110,7 +114,7 @@ def compare_schedules(grid: run.Grid, bests: dict, results: str):
           for sch, e in done.items()}
   base = min(done, key=lambda sch: np.mean([run.val_loss(r) for r in runs[sch].values()]))
   lines = [f"Tuned schedules, paired by seed. Baseline: {base} at lr "
-           f"{run.hd(done[base]):.3g} (lowest mean validation loss). Ratio: forward passes to "
+           f"{run.lr_of(done[base]):.3g} (lowest mean validation loss). Ratio: forward passes to "
            "reach the baseline's final training loss of the same seed, over the baseline's "
            "budget (evaluation interval "
            f"{grid.eval_every:,}; \"never\": not within the budget).", "",
@@ -125,7 +129,7 @@ def compare_schedules(grid: run.Grid, bests: dict, results: str):
       ratios.append("never" if hit is None else f"{hit / b['forward_passes']:.2f}")
     vals = list(rs.values())
     lines.append(
-        f"| {sch}{' (baseline)' if sch == base else ''} | {run.hd(done[sch]):.3g} | "
+        f"| {sch}{' (baseline)' if sch == base else ''} | {run.lr_of(done[sch]):.3g} | "
         f"{_mean_sd([run.val_loss(r) for r in vals])} | "
         f"{_mean_sd([r['final']['train_loss'] for r in vals])} | "
         f"{_mean_sd([(r['test'] or {}).get('test_accuracy') for r in vals], '.1f', 100.0)} | "
@@ -151,7 +155,7 @@ def plot(grid: run.Grid, bests: dict, results: str, path: str) -> None:
       fp = [c["fp"] for c in r["curve"]]
       tl = [c["train_loss"] for c in r["curve"]]
       ax.plot(fp, tl, color=f"C{i}", lw=1.2, alpha=0.85,
-              label=f"{sch}, lr {run.hd(e):.3g}" if j == 0 else None)
+              label=f"{sch}, lr {run.lr_of(e):.3g}" if j == 0 else None)
   ax.set_xlabel("forward passes")
   ax.set_ylabel("training-set loss")
   ax.set_yscale("log")

@@ -11,11 +11,14 @@ result file exists, resumes runs that have a checkpoint, and takes a lock file p
 two queues (on the same machine, e.g. ``--reverse`` beside a plain one) never run the same
 run. Kill it at any time; the same command continues.
 
-Learning rates are half-decades (``10 ** (e / 2)``). After a grid's learning rates are all
-done for a schedule, the runner widens it while the best one (lowest mean final validation
-loss over the table's seeds; a diverged run counts as infinitely bad) sits at an edge: it
-adds the next half-decade beyond that edge and runs it, so every selected learning rate is
-interior to its grid. Test metrics are never used for selection.
+Learning rates are written as quarter-decade exponents (``lr_of(e) = 10 ** (e / 4)``); the
+grids step by half-decades (even ``e``). After a grid's learning rates are all done for a
+schedule, the runner widens it while the best one (lowest mean final validation loss over
+the table's seeds; a diverged run counts as infinitely bad) sits at an edge: it adds the
+next half-decade beyond that edge and runs it, so every selected learning rate is interior
+to its grid. Then (``refine``) it adds the two quarter-decades next to the best and selects
+again: the same rule, hence the same resolution, for every method. Test metrics are never
+used for selection.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ if __package__ in (None, ""):
 from experiments.choose import harness, tasks  # noqa: E402
 
 
-def hd(e: int) -> float:
-  """The half-decade learning rate ``10 ** (e / 2)``: ``hd(-6) = 1e-3``, ``hd(-5) = 3.16e-3``."""
-  return float(10.0 ** (e / 2))
+def lr_of(e: int) -> float:
+  """The learning rate ``10 ** (e / 4)``: ``lr_of(-12) = 1e-3``, ``lr_of(-10) = 3.16e-3``,
+  ``lr_of(-11) = 1.78e-3``."""
+  return float(10.0 ** (e / 4))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +54,7 @@ class Grid:
 
   task: str
   method: str
-  exponents: tuple  # learning rates hd(e), in the order to run them
+  exponents: tuple  # learning rates lr_of(e), in the order to run them (even: half-decades)
   schedules: tuple = harness.SCHEDULES
   seeds: tuple = (0, 1, 2)
   budget: int = 20_000
@@ -58,10 +62,11 @@ class Grid:
   options: tuple = ()  # (key, value) pairs
   tag: str = ""
   widen: bool = True
-  max_points: int = 12
+  refine: bool = True
+  max_points: int = 14
 
   def config(self, e: int, schedule: str, seed: int) -> harness.RunConfig:
-    return harness.make_config(self.task, self.method, hd(e), schedule=schedule,
+    return harness.make_config(self.task, self.method, lr_of(e), schedule=schedule,
                                options=dict(self.options), seed=seed, budget=self.budget,
                                eval_every=self.eval_every, tag=self.tag)
 
@@ -69,13 +74,13 @@ class Grid:
 MEZO_MU = (("mu", 1e-3),)
 TABLES: dict[str, list[Grid]] = {
     # CI: a tiny budget end to end (tests/test_choose.py runs it).
-    "smoke": [Grid("digits", "mezo", (-6, -4), ("constant", "cosine"), (0,), 200, 100,
-                   widen=False)],
+    "smoke": [Grid("digits", "mezo", (-12, -8), ("constant", "cosine"), (0,), 200, 100,
+                   widen=False, refine=False)],
     # The baseline on digits: MeZO, 7 half-decades 1e-4 .. 1e-1 (widened if the best is at an
     # edge), three schedules, 3 seeds, 40,000 forward passes (20,000 steps of batch 64, ~15 s
     # a run at ~3,500 forward passes a second on one shared core).
-    "digits_mezo": [Grid("digits", "mezo", tuple(range(-8, -1)), harness.SCHEDULES, (0, 1, 2),
-                         40_000, 2_000, MEZO_MU)],
+    "digits_mezo": [Grid("digits", "mezo", tuple(range(-16, -3, 2)), harness.SCHEDULES,
+                         (0, 1, 2), 40_000, 2_000, MEZO_MU)],
     # The baseline on MiniLM-L6 SST-2 full fine-tuning (all of train.tsv): MeZO with a cosine
     # schedule at seed 0 first (the grid's middle first, so that early results are
     # informative), then the other schedules. 20,000 forward passes = 10,000 steps of batch
@@ -83,9 +88,9 @@ TABLES: dict[str, list[Grid]] = {
     # a run with its 10 evaluations. The centre 1e-5: the SPSA estimate's variance grows with
     # the 22.7M parameters, so MeZO's RoBERTa-large (350M) rates of 1e-7..1e-6 scale up ~16x.
     "sst2_ft_mezo": [
-        Grid("sst2_ft_full", "mezo", (-10, -9, -11, -8, -12), ("cosine",), (0,), 20_000,
+        Grid("sst2_ft_full", "mezo", (-20, -18, -22, -16, -24), ("cosine",), (0,), 20_000,
              2_000, MEZO_MU),
-        Grid("sst2_ft_full", "mezo", (-10, -9, -11, -8, -12), ("constant", "linear"), (0,),
+        Grid("sst2_ft_full", "mezo", (-20, -18, -22, -16, -24), ("constant", "linear"), (0,),
              20_000, 2_000, MEZO_MU),
     ],
 }
@@ -194,15 +199,17 @@ def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness
         for s in (reversed(grid.seeds) if reverse else grid.seeds):
           execute(grid.config(e, schedule, s), results=results, ckpts=ckpts)
       best, means = select(grid, schedule, exps, results)
-      shown = ", ".join(f"{hd(e):.3g}: {means[e]:.4f}" for e in sorted(exps))
+      shown = ", ".join(f"{lr_of(e):.3g}: {means[e]:.4f}" for e in sorted(exps))
       print(f"### {grid.task} {grid.method}{grid.tag} {schedule}: mean val loss {{{shown}}}"
-            f" best {None if best is None else f'{hd(best):.3g}'}", flush=True)
-      if best is None or not grid.widen or len(exps) >= grid.max_points:
+            f" best {None if best is None else f'{lr_of(best):.3g}'}", flush=True)
+      if best is None or len(exps) >= grid.max_points:
         break
-      if best == min(exps):
-        exps.append(best - 1)
-      elif best == max(exps):
-        exps.append(best + 1)
+      if grid.widen and best == min(exps):
+        exps.append(best - 2)
+      elif grid.widen and best == max(exps):
+        exps.append(best + 2)
+      elif grid.refine and (best - 1 not in exps or best + 1 not in exps) and best % 2 == 0:
+        exps += [e for e in (best - 1, best + 1) if e not in exps]
       else:
         break
 
