@@ -382,6 +382,52 @@ def test_llama_parity_tunix_llama3_against_the_library_llama(tmp_path):
     assert (gap < TOL) == agree, (theta, gap)
 
 
+# ----------------------------------------------------------------------------------------
+# The example.
+
+ROOT = os.path.dirname(HERE)
+
+
+def _loss_line(stdout: str) -> tuple[float, float]:
+  last = stdout.strip().splitlines()[-1]
+  assert last.startswith("loss ") and " -> " in last, last
+  a, b = last[len("loss "):].split(" -> ")
+  return float(a), float(b)
+
+
+def test_example_smoke_learns():
+  """``finetune_tunix.py --smoke``: a tiny random Qwen 3 of Tunix's class, qwix LoRA, HiZOO
+  through ZOPeftTrainer; 100 steps take the loss of its 32 training prompts from 0.73 to
+  0.56 (measured; MeZO: 0.64). Asserted: a drop of at least 10%."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "finetune_tunix.py"),
+                        "--smoke"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  before, after = _loss_line(out.stdout)
+  assert after < 0.9 * before, (before, after)
+
+
+def test_example_reads_a_checkpoint_and_refuses_a_rope_tunix_misreads(tmp_path, capsys):
+  """``--model DIR`` on a Hugging Face Llama checkpoint: read into Tunix's Llama 3 when its
+  RoPE is the one Tunix computes, refused otherwise (the fixture: llama3 scaling)."""
+  sys.path.insert(0, os.path.join(ROOT, "examples"))
+  try:
+    import finetune_tunix as example
+  finally:
+    sys.path.pop(0)
+  with pytest.raises(ValueError, match="RoPE"):
+    example.load_checkpoint(LLAMA, jnp.float32)
+  with open(os.path.join(LLAMA, "config.json")) as fh:
+    cfg = json.load(fh)
+  os.symlink(os.path.join(LLAMA, "model.safetensors"), tmp_path / "model.safetensors")
+  with open(tmp_path / "config.json", "w") as fh:
+    json.dump(dict(cfg, rope_parameters={"rope_theta": 1e6, "rope_type": "default"}), fh)
+  example.main(["--model", str(tmp_path), "--smoke", "--steps", "20", "--optimizer", "mezo"])
+  before, after = _loss_line(capsys.readouterr().out)
+  assert np.isfinite(before) and np.isfinite(after) and after != before
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
   ckpt_dir, n_steps, kill, out_path = sys.argv[2:6]
   _run_worker(ckpt_dir, int(n_steps), int(kill) if kill else None, out_path or None)
