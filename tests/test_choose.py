@@ -3,6 +3,7 @@ for bit, the forward-pass count, the method registry, schedules and grid widenin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -103,3 +104,20 @@ def test_lock_is_exclusive(tmp_path):
   with open(path + ".lock", "w") as fh:
     fh.write("another-host 1")
   assert run.claim(path) is not None  # a lock from another machine is stale
+
+
+def test_hizoo_grid_runs_its_step_size_control(tmp_path):
+  res, ck = str(tmp_path / "r"), str(tmp_path / "c")
+  (grid,) = run.hizoo_grids("fa", "hizoo", (-8,), ("constant",), (0,), 60, 30, ("0.5/d",))
+  grid = dataclasses.replace(grid, widen=False, refine=False)
+  run.run_grid(grid, results=res, ckpts=ck)
+  src = run.load(grid.config(-8, "constant", 0), res)
+  ctl = run.load(grid.control_config(-8, "constant", 0), res)
+  assert src["mean_h_trace"]["values"] and ctl is not None
+  assert ctl["config"]["options"]["hctl_of"] == src["config"]["run_id"]
+  assert ctl["fp_per_step_mean"] == 2.0 and ctl["forward_passes"] == 60
+  # the control's lr is the HiZOO lr over its mean H(t)
+  sched = harness.control_schedule(0.1, src, "constant", 30)
+  h = src["mean_h_trace"]["values"]
+  assert float(sched(0)) == pytest.approx(0.1 / h[0], rel=1e-6)
+  assert float(sched(10 ** 6)) == pytest.approx(0.1 / h[-1], rel=1e-6)

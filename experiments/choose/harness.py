@@ -85,12 +85,28 @@ METHODS: dict[str, Method] = {
     "hizoo_l": Method("hizoo_l", _hizoo_cost),
     "presets.hizoo": Method("presets.hizoo", _hizoo_cost),
     "presets.hizoo_l": Method("presets.hizoo_l", _hizoo_cost),
+    # MeZO with the learning rate divided by the mean H(t) of a HiZOO run (the step-size
+    # control of the HiZOO rows: how much of HiZOO is its Hessian's scale alone).
+    "mezo_hctl": Method("mezo", lambda o, t: 2 * _n(o)),
 }
+CONTROL = "mezo_hctl"
+TRACE_STRIDE = 10  # steps between the samples of mean H(t) kept for the control
 
 
 def method_of(name: str) -> Method:
   """The registered method, or an unregistered public name (cost from the state's counter)."""
   return METHODS.get(name, Method(name, None))
+
+
+def control_schedule(lr: float, source: dict, kind: str, horizon: int) -> optax.Schedule:
+  """``lr * schedule(t) / mean H(t)`` of the HiZOO run ``source`` (its ``mean_h_trace``,
+  sampled every ``TRACE_STRIDE`` steps, held between samples and after the last)."""
+  trace = np.asarray(source["mean_h_trace"]["values"], np.float32)
+  stride = int(source["mean_h_trace"]["stride"])
+  inv = jnp.asarray(1.0 / np.maximum(trace, 1e-30), jnp.float32)
+  base = make_schedule(kind, lr, horizon)
+  last = len(trace) - 1
+  return lambda t: base(t) * inv[jnp.minimum(t // stride, last)]
 
 
 def public(name: str) -> Callable[..., Any]:
@@ -272,17 +288,28 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       raise ValueError(f"{cfg.method}: no known cost and no forward_passes counter in its "
                        "state; add it to harness.METHODS")
   horizon = int(math.ceil(cfg.budget / mean_cost))
-  tx = build_tx(cfg.method, make_schedule(cfg.schedule, cfg.lr, horizon), options, cfg.seed)
+  if cfg.method == CONTROL:
+    source_id = options.pop("hctl_of")
+    with open(os.path.join(results, cfg.task, source_id + ".json")) as fh:
+      source = json.load(fh)
+    lr = control_schedule(cfg.lr, source, cfg.schedule, horizon)
+    tx = build_tx(method.name, lr, options, cfg.seed)
+  else:
+    tx = build_tx(cfg.method, make_schedule(cfg.schedule, cfg.lr, horizon), options, cfg.seed)
   params = inst.params
   opt_state = tx.init(params)
   has_counter = read_counter(opt_state) is not None
   step = hz.make_train_step(tx, inst.loss_fn)
+  trace_fn = None
+  if mean_hessian(opt_state) is not None:
+    trace_fn = jax.jit(lambda st: jnp.mean(jnp.concatenate(
+        [jnp.ravel(x).astype(jnp.float32) for x in jax.tree.leaves(hz.get_hessian(st))])))
 
   from hizoo_jax.models import checkpoint
 
   ckpt = checkpoint.Checkpointer(cdir, max_to_keep=2)
   hist: dict[str, Any] = {"t": 0, "fp": 0, "train_seconds": 0.0, "evals": [], "windows": [],
-                          "code": code_version()}
+                          "code": code_version(), "mean_h_trace": []}
   if restoring:
     with open(os.path.join(cdir, "history.json")) as fh:
       hist = json.load(fh)
@@ -300,11 +327,14 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   next_eval = (fp // cfg.eval_every + 1) * cfg.eval_every
   diverged = hist.get("diverged")
   losses: list = []
+  traced: list = []
   t0 = time.perf_counter()
   fp_window = 0
   while fp < cfg.budget and diverged is None:
     params, opt_state, loss = step(params, opt_state, *inst.extra, *inst.batch(t))
     losses.append(loss)
+    if trace_fn is not None and t % TRACE_STRIDE == 0:
+      traced.append(trace_fn(opt_state))  # after step t: the H that step t + 1 uses
     if method.cost is not None:
       fp += method.cost(options, t)
     else:
@@ -325,6 +355,8 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       hist["evals"].append({"step": t, "fp": fp, **ev, "seconds": hist["train_seconds"],
                             "mean_h": mean_hessian(opt_state)})
       hist["t"], hist["fp"] = t, fp
+      hist["mean_h_trace"] += [float(x) for x in traced]
+      traced = []
       if not (np.all(np.isfinite(window)) and np.isfinite(ev["train_loss"])
               and ev["train_loss"] <= BLOW_UP * initial_train):
         diverged = hist["diverged"] = t
@@ -360,6 +392,8 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       "forward_passes": hist["fp"],
       "diverged_at_step": diverged,
       "curve": hist["evals"],
+      "mean_h_trace": ({"stride": TRACE_STRIDE, "values": hist["mean_h_trace"]}
+                       if hist.get("mean_h_trace") else None),
       "windows": hist["windows"],
       "final": {"train_loss": last["train_loss"] if diverged is None else None,
                 "val_loss": last["val_loss"] if diverged is None else None},

@@ -64,11 +64,21 @@ class Grid:
   widen: bool = True
   refine: bool = True
   max_points: int = 14
+  control: bool = False  # HiZOO grids: then MeZO with lr / mean H(t) of the selected runs
 
   def config(self, e: int, schedule: str, seed: int) -> harness.RunConfig:
     return harness.make_config(self.task, self.method, lr_of(e), schedule=schedule,
                                options=dict(self.options), seed=seed, budget=self.budget,
                                eval_every=self.eval_every, tag=self.tag)
+
+  def control_config(self, e: int, schedule: str, seed: int) -> harness.RunConfig:
+    """MeZO (same mu, directions) with ``lr_of(e) / mean H(t)`` of run ``config(e, ...)``."""
+    opts = {k: v for k, v in self.options if k in ("mu", "num_directions")}
+    opts["hctl_of"] = self.config(e, schedule, seed).run_id
+    return harness.make_config(self.task, harness.CONTROL, lr_of(e), schedule=schedule,
+                               options=opts, seed=seed, budget=self.budget,
+                               eval_every=self.eval_every,
+                               tag=f"-{self.method.replace('.', '-')}{self.tag}")
 
 
 MEZO_MU = (("mu", 1e-3),)
@@ -94,6 +104,41 @@ TABLES: dict[str, list[Grid]] = {
              20_000, 2_000, MEZO_MU),
     ],
 }
+
+# HiZOO's key option, alpha (hessian_smoothing): 0.5 / d (hz.presets), 1e-3 (the example's),
+# and the reference scripts' 1e-6 (full fine-tuning and prefix) or 1e-10 (LoRA). Each alpha
+# is its own grid (tag), with the step-size control after its selection.
+HIZOO_ALPHAS = {"ft": ("0.5/d", 1e-3, 1e-6), "lora": ("0.5/d", 1e-3, 1e-10)}
+
+
+def _alpha_tag(a) -> str:
+  return "_a" + (a.replace("/", "") if isinstance(a, str) else f"{a:g}")
+
+
+def hizoo_grids(task, method, exponents, schedules, seeds, budget, eval_every, alphas,
+                mu=1e-3) -> list[Grid]:
+  """One grid per alpha, each followed by its step-size control."""
+  return [Grid(task, method, exponents, schedules, seeds, budget, eval_every,
+               (("hessian_smoothing", a), ("mu", mu)), _alpha_tag(a), control=True)
+          for a in alphas]
+
+
+TABLES.update({
+    # Queued for later sessions (defined so that one command runs each).
+    "digits_hizoo": hizoo_grids("digits", "hizoo", tuple(range(-16, -3, 2)), ("constant",),
+                                (0, 1, 2), 40_000, 2_000, HIZOO_ALPHAS["ft"]),
+    "digits_hizoo_l": hizoo_grids("digits", "hizoo_l", tuple(range(-16, -3, 2)), ("constant",),
+                                  (0, 1, 2), 40_000, 2_000, HIZOO_ALPHAS["ft"]),
+    "sst2_ft_hizoo": hizoo_grids("sst2_ft_full", "hizoo", (-20, -18, -22, -16, -24),
+                                 ("constant",), (0,), 20_000, 2_000, HIZOO_ALPHAS["ft"]),
+    "sst2_lora_mezo": [Grid("sst2_lora_full", "mezo", (-12, -10, -14, -8, -16), ("cosine",),
+                            (0,), 20_000, 2_000, MEZO_MU)],
+    "sst2_ft_k512_mezo": [Grid("sst2_ft_k512", "mezo", (-20, -18, -22, -16, -24),
+                               ("cosine",), (0,), 10_000, 1_000, MEZO_MU)],
+    # The paper's test functions: float32, one seed per noise draw, 3 seeds.
+    "testfn_mezo": [Grid(f, "mezo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2),
+                         6_000, 300, MEZO_MU) for f in ("fa", "fb", "fc")],
+})
 
 
 # ----------------------------------------------------------------------------------------
@@ -212,6 +257,10 @@ def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness
         exps += [e for e in (best - 1, best + 1) if e not in exps]
       else:
         break
+    if grid.control and best is not None:
+      for s in grid.seeds:
+        if load(grid.config(best, schedule, s), results) is not None:
+          execute(grid.control_config(best, schedule, s), results=results, ckpts=ckpts)
 
 
 def progress(name: str, results: str = harness.RESULTS) -> str:
