@@ -20,10 +20,11 @@ another RoPE (every Llama 3.x: use ``examples/finetune_lm.py`` and
 ``hizoo_jax.models.llama`` for those); Qwen 3 (0.6B to 32B) uses 1e6.
 
 ``--smoke`` (CI): a tiny random Qwen 3 of Tunix's class, the UTF-8 byte tokenizer, 100
-steps on 32 training examples whose loss is the one printed (seconds on a CPU). ``--size 1b``: a random-weight Llama 3.2 1B configuration (what a
-GPU run measures: step time and memory do not depend on the weights). ``--gpu-table`` runs
-the whole GPU table, one fresh process per row (for a clean memory peak): first-order Adam,
-MeZO, HiZOO and HiZOO-L on the 1B configuration in bfloat16, LoRA rank 8, batch 16 x 64
+steps on 32 training examples whose loss is the one printed (seconds on a CPU).
+``--size 1b``: a random-weight Llama 3.2 1B configuration (what a GPU run measures: step
+time and memory do not depend on the weights). ``--gpu-table`` runs the whole GPU table,
+one fresh process per row (for a clean memory peak): first-order Adam, MeZO, HiZOO and
+HiZOO-L on the 1B configuration in bfloat16, LoRA rank 8, batch 16 x 64
 tokens; writes ``<out>/gpu_table.md`` and ``.json``::
 
     pip install -e ".[cuda,tunix]" && python examples/finetune_tunix.py --gpu-table

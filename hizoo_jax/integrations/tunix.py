@@ -141,8 +141,8 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
       and keeps ``theta`` untouched: no rounding drift, and here no extra memory, because
       Tunix does not donate the model to its step, so the new params need a buffer of their
       own anyway and the perturbed copy lives in it (measured, compiled as Tunix compiles
-      it, full fine-tuning: 0.003 param bytes of temporaries over the forward pass for
-      MeZO, HiZOO and HiZOO-L). ``"inplace"`` (the choice of a donating caller) must then
+      it, full fine-tuning: 0.003-0.004 param bytes of temporaries over the forward pass
+      for MeZO, HiZOO and HiZOO-L). ``"inplace"`` (the choice of a donating caller) must then
       copy the params once for HiZOO's unperturbed pass (0.96 param bytes); ``"auto"``.
 
   Raises:
