@@ -17,7 +17,7 @@ benchmark). The last line printed is ``loss A -> B``: the dev-set loss before an
 Tunix 0.1.7's attention uses RoPE theta 1e6 whatever the checkpoint says and has no llama3
 RoPE scaling (tests/test_tunix.py measures it), so the script refuses checkpoints with
 another RoPE (every Llama 3.x: use ``examples/finetune_lm.py`` and
-``hizoo_jax.models.llama`` for those); Qwen 3 (0.6B to 32B) uses 1e6.
+``hizoo_jax.models.llama`` for those); Qwen 3's dense checkpoints use 1e6.
 
 ``--smoke`` (CI): a tiny random Qwen 3 of Tunix's class, the UTF-8 byte tokenizer, 100
 steps on 32 training examples whose loss is the one printed (seconds on a CPU).
