@@ -8,16 +8,25 @@
 """
 
 from hizoo_jax import presets
-from hizoo_jax._src.alias import hizoo, hizoo_l, mezo
+from hizoo_jax._src.alias import forward_gradient, fzoo, hizoo, hizoo_l, mezo, sparse_mezo
 from hizoo_jax._src.curvature import FactoredHessian
-from hizoo_jax._src.sampling import Sampler, fast_gaussian, gaussian, rademacher
+from hizoo_jax._src.sampling import (
+    Sampler,
+    fast_gaussian,
+    fast_rademacher,
+    gaussian,
+    rademacher,
+)
 from hizoo_jax._src.sharding import shard_state, state_shardings
 from hizoo_jax._src.train_step import make_train_step
 from hizoo_jax._src.transform import (
     HiZOOState,
     ZOState,
     get_hessian,
+    scale_by_forward_gradient,
+    scale_by_fzoo,
     scale_by_hizoo,
+    scale_by_sparse_mezo,
     scale_by_zo,
 )
 
@@ -29,6 +38,9 @@ __all__ = [
     "Sampler",
     "ZOState",
     "fast_gaussian",
+    "fast_rademacher",
+    "forward_gradient",
+    "fzoo",
     "gaussian",
     "get_hessian",
     "hizoo",
@@ -37,8 +49,12 @@ __all__ = [
     "mezo",
     "presets",
     "rademacher",
+    "scale_by_forward_gradient",
+    "scale_by_fzoo",
     "scale_by_hizoo",
+    "scale_by_sparse_mezo",
     "scale_by_zo",
     "shard_state",
+    "sparse_mezo",
     "state_shardings",
 ]

@@ -69,6 +69,10 @@ COMPOSITIONS = {
         {"l0": {"w": "a", "b": "a"}, "l1": "b", "l2": "frozen"}),
     "multi_steps": lambda: optax.MultiSteps(hz.mezo(1e-2), every_k_schedule=2),
     "apply_if_finite": lambda: optax.apply_if_finite(hz.hizoo(1e-2, hessian_smoothing=0.1), 3),
+    "mezo_multi": lambda: hz.mezo(1e-2, num_directions=4),
+    "hizoo_multi": lambda: hz.hizoo(1e-2, hessian_smoothing=0.1, num_directions=4),
+    "hizoo_l_multi": lambda: hz.hizoo_l(1e-2, hessian_smoothing=0.1, num_directions=3,
+                                        min_dim_size_to_factor=4),
 }
 
 
@@ -180,7 +184,7 @@ def test_has_aux_returns_the_mean_of_the_perturbed_evaluations():
   state = tx.init(params)
   step = hz.make_train_step(tx, loss_aux, has_aux=True)
   params, state, loss, aux = step(params, state, X, Y)
-  lp, lm = otu.tree_get(state, "loss_plus")[0], otu.tree_get(state, "loss_minus")[0]
+  lp, lm = otu.tree_get(state, "losses")
   np.testing.assert_allclose(aux["loss"], (lp + lm) / 2, rtol=1e-15)
   assert int(aux["count"]) == 1
   # without it, a (loss, aux) function is refused with the same message in every path
@@ -223,7 +227,8 @@ def test_traced_hyperparameters_are_sanitised_in_jit():
 
 
 @pytest.mark.parametrize("name", ["mezo", "hizoo", "hizoo_l", "preset", "inject_schedule",
-                                  "chain_momentum", "zo_adam", "masked", "multi_steps"])
+                                  "chain_momentum", "zo_adam", "masked", "multi_steps",
+                                  "mezo_multi", "hizoo_multi", "hizoo_l_multi"])
 def test_the_step_keeps_no_params_sized_temporary(name, monkeypatch):
   """Compiled memory of the step beyond its arguments, over a forward pass, in param bytes:
   at top level (params and state donated) and traced into a user's donating ``jit``.

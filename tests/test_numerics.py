@@ -54,7 +54,7 @@ def train(dtype, seed, **options):
   h = np.concatenate([np.ravel(np.asarray(v, np.float64))
                       for v in jax.tree.leaves(hz.get_hessian(state))])
   f32 = jax.tree.map(lambda a: a.astype(jnp.float32), params)
-  return float(loss_fn(f32, x, y)), float(np.median(h)), float(state[0].mu)
+  return float(loss_fn(f32, x, y)), float(np.median(h)), float(state[0].hyper["mu"])
 
 
 def summary(dtype, **options):

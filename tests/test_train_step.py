@@ -93,13 +93,19 @@ def test_a_sampler_that_does_not_fuse_gets_the_plain_step_by_default():
   assert temp() != temp(lean=False)
 
 
-def test_several_directions_fall_back_to_the_plain_step():
-  make = lambda: hz.hizoo(1e-2, hessian_smoothing=0.1, num_directions=3)
+@pytest.mark.parametrize("make", [
+    lambda: hz.hizoo(1e-2, hessian_smoothing=0.1, num_directions=3),
+    lambda: hz.hizoo_l(1e-2, hessian_smoothing=0.1, num_directions=2, min_dim_size_to_factor=8),
+    lambda: hz.mezo(1e-2, num_directions=4),
+], ids=["hizoo-multi", "hizoo-l-multi", "mezo-k4"])
+def test_several_directions_run_lean(make):
+  # The engine runs every probe in place in one program, replaying HiZOO's Hessian updates
+  # for the later probes; with an exact restore it perturbs theta itself, so it computes
+  # what the plain step computes (two programs may round a float64 product differently
+  # in the last bit; the 1 / mu of the estimate amplifies that to ~1e-13 relative).
   p0, _, _ = run(make, lean=False)
-  p1, _, _ = run(make)  # lean by default, but it cannot: the plain step instead
-  chex.assert_trees_all_close(p1, p0, rtol=1e-12, atol=1e-14)
-  with pytest.raises(ValueError, match="one direction"):
-    run(make, lean=True)
+  p1, _, _ = run(make, lean=True, restore="exact")
+  chex.assert_trees_all_close(p1, p0, rtol=1e-9, atol=1e-13)
 
 
 def test_build_time_errors():

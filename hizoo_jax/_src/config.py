@@ -1,52 +1,20 @@
-"""Configuration of a zeroth-order transform: the static spec and the argument checks.
+"""The argument checks of the zeroth-order transforms.
 
 Every check names the argument it refuses. Values that are concrete when the transform is
 built are checked there; values that arrive traced (``optax.inject_hyperparams``, a
 schedule) cannot raise under ``jit`` and are sanitised where they are used instead (see
-:func:`hizoo_jax._src.estimator.sanitize_mu` and ``sanitize_alpha``).
+:func:`hizoo_jax._src.numerics.sanitize_mu` and ``sanitize_alpha``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hizoo_jax._src import curvature, sampling
-
-
-@dataclasses.dataclass(frozen=True)
-class ZOSpec:
-  """The static part of a zeroth-order transform: everything but the traced numbers.
-
-  Attributes:
-    hizoo: whether the transform keeps a Hessian (measures ``l0``); False is MeZO.
-    sampler: the :class:`hizoo_jax.Sampler` the noise is drawn from.
-    key_impl: the PRNG implementation name of the state's key.
-    estimator: ``"paper"`` or ``"unbiased"`` (HiZOO only).
-    factored: HiZOO-L: factor large matrix leaves.
-    hessian_dtype: storage dtype of ``H`` (None: at least float32).
-    hessian_clip: ``(lo, hi)`` bounds of ``H``.
-
-  The numeric options (``mu``, ``hessian_smoothing``, ``curvature_floor``, ...) are not
-  part of the spec: ``optax.inject_hyperparams`` may pass them traced.
-  """
-
-  hizoo: bool
-  sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
-  key_impl: str = "threefry2x32"
-  estimator: str = "paper"
-  factored: bool = False
-  hessian_dtype: Any = None
-  hessian_clip: tuple[float, float] = (1e-8, 1e8)
-
-  def hessian_leaf_dtype(self, leaf: Any) -> np.dtype:
-    if self.hessian_dtype is not None:
-      return jnp.dtype(self.hessian_dtype)
-    return sampling.noise_dtype(jnp.result_type(leaf))
+from hizoo_jax._src import sampling
 
 
 def concrete(x: Any) -> np.ndarray | None:
@@ -63,10 +31,20 @@ def check_positive(name: str, value: Any) -> None:
   v = concrete(value)
   if v is None:
     return
-  if v.ndim != 0 or not np.issubdtype(v.dtype, np.number):
+  if v.ndim != 0 or not jnp.issubdtype(v.dtype, jnp.number):
     raise TypeError(f"{name} must be a scalar number, got {value!r}")
   if not np.isfinite(v) or v <= 0:
     raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def check_nonnegative(name: str, value: Any) -> None:
+  v = concrete(value)
+  if v is None:
+    return
+  if v.ndim != 0 or not jnp.issubdtype(v.dtype, jnp.number):
+    raise TypeError(f"{name} must be a scalar number, got {value!r}")
+  if not np.isfinite(v) or v < 0:
+    raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 def check_unit_interval(name: str, value: Any) -> None:
@@ -75,7 +53,7 @@ def check_unit_interval(name: str, value: Any) -> None:
   v = concrete(value)
   if v is None:
     return
-  if v.ndim != 0 or not np.issubdtype(v.dtype, np.number):
+  if v.ndim != 0 or not jnp.issubdtype(v.dtype, jnp.number):
     raise TypeError(f"{name} must be a float in [0, 1] or a schedule, got {value!r}")
   if not 0.0 <= v <= 1.0:
     raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
@@ -87,7 +65,7 @@ def check_int(name: str, value: Any, minimum: int) -> int | None:
   if v is None:
     return None
   if v.ndim != 0 or not (np.issubdtype(v.dtype, np.integer) or v.dtype == np.bool_):
-    if not (np.issubdtype(v.dtype, np.floating) and v.ndim == 0 and float(v).is_integer()):
+    if not (jnp.issubdtype(v.dtype, jnp.floating) and v.ndim == 0 and float(v).is_integer()):
       raise TypeError(f"{name} must be an integer, got {value!r}")
   if int(v) < minimum:
     raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
@@ -178,31 +156,3 @@ def check_params(params: Any) -> None:
           "transforms perturb floating-point params only. Pass the trainable params alone "
           "and close over the rest in value_fn (or freeze them with optax.masked)."
       )
-
-
-def check_hizoo_options(spec: ZOSpec, hessian_smoothing: Any, hessian_init: Any,
-                        min_dim_size_to_factor: Any, curvature_floor: Any) -> None:
-  check_unit_interval("hessian_smoothing", hessian_smoothing)
-  check_positive("hessian_init", hessian_init)
-  if spec.estimator not in curvature.ESTIMATORS:
-    raise ValueError(f"estimator must be one of {curvature.ESTIMATORS}, got {spec.estimator!r}")
-  clip = spec.hessian_clip
-  if (
-      not isinstance(clip, tuple | list)
-      or len(clip) != 2
-      or not all(isinstance(c, int | float) for c in clip)
-  ):
-    raise TypeError(f"hessian_clip must be a (lo, hi) pair of floats, got {clip!r}")
-  if not (0 < clip[0] <= clip[1] < np.inf):
-    raise ValueError(f"hessian_clip must satisfy 0 < lo <= hi < inf, got {clip!r}")
-  if spec.hessian_dtype is not None:
-    try:
-      dt = jnp.dtype(spec.hessian_dtype)
-    except TypeError as e:
-      raise TypeError(f"hessian_dtype must be a float dtype, got {spec.hessian_dtype!r}") from e
-    if not jnp.issubdtype(dt, jnp.floating):
-      raise TypeError(f"hessian_dtype must be a float dtype, got {spec.hessian_dtype!r}")
-  check_int("min_dim_size_to_factor", min_dim_size_to_factor, 1)
-  floor = concrete(curvature_floor)
-  if floor is not None and (floor.ndim != 0 or not np.isfinite(floor) or floor < 0):
-    raise ValueError(f"curvature_floor must be a finite number >= 0, got {curvature_floor!r}")

@@ -199,7 +199,9 @@ class FastGaussian(Sampler):
     # inverse mod 2**32), with the key word entering the element index at its first op.
     offset = jnp.asarray(w0).astype(jnp.uint32) * jnp.uint32(_GOLDEN_INV)
     idx = _flat_index(shape, start, count, offset=offset)
-    h = _mix32((idx * jnp.uint32(_GOLDEN)) ^ w1)
+    return self._from_hash(_mix32((idx * jnp.uint32(_GOLDEN)) ^ w1), dtype)
+
+  def _from_hash(self, h, dtype):
     # The sum of the four bytes, two at a time: bytes 0 + 1 and 2 + 3 in two 16-bit lanes.
     pairs = (h & 0x00FF00FF) + ((h >> 8) & 0x00FF00FF)
     byte_sum = (pairs & 0xFFFF) + (pairs >> 16)
@@ -215,7 +217,7 @@ class FastGaussian(Sampler):
     shape = tuple(shape)
     _check_size(shape)
     words = jax.random.key_data(key).reshape(-1)
-    return _fast_noise(words[0], words[-1], shape=shape, dtype=jnp.dtype(dtype))
+    return _fast_noise(words[0], words[-1], shape=shape, dtype=jnp.dtype(dtype), sampler=self)
 
   def rows(self, key, shape, dtype, start, count):
     shape = tuple(shape)
@@ -226,14 +228,30 @@ class FastGaussian(Sampler):
     return "hizoo_jax.fast_gaussian"
 
 
-@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
-def _fast_noise(w0: jax.Array, w1: jax.Array, *, shape: tuple[int, ...], dtype) -> jax.Array:
-  """:class:`FastGaussian` noise of one leaf from its two key words.
+class FastRademacher(FastGaussian):
+  """Random signs from the same counter-based hash as :class:`FastGaussian`: the top bit
+  of each element's hash. Fused into the passes that use it like the default sampler
+  (the threefry :data:`rademacher` materialises its bits). For SPSA-type estimates only:
+  its fourth moment is 1, so HiZOO refuses it."""
+
+  is_gaussian = False
+
+  def _from_hash(self, h, dtype):
+    return (1 - 2 * (h >> 31).astype(jnp.int32)).astype(jnp.float32).astype(dtype)
+
+  def __repr__(self):
+    return "hizoo_jax.fast_rademacher"
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype", "sampler"))
+def _fast_noise(w0: jax.Array, w1: jax.Array, *, shape: tuple[int, ...], dtype,
+                sampler: FastGaussian) -> jax.Array:
+  """Counter-based noise of one leaf from its two key words.
 
   Jitted so that a model with hundreds of leaves traces it once per leaf shape: each call
   is one cached ``jit`` call in the caller's program (XLA inlines it).
   """
-  return fast_gaussian._hash_values(w0, w1, shape, dtype)
+  return sampler._hash_values(w0, w1, shape, dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +268,7 @@ class FunctionSampler(Sampler):
 gaussian = Gaussian()
 rademacher = Rademacher()
 fast_gaussian = FastGaussian()
+fast_rademacher = FastRademacher()
 DEFAULT_SAMPLER: Sampler = fast_gaussian
 
 
@@ -340,8 +359,9 @@ def _mix_words(word: jax.Array, salts: jax.Array) -> jax.Array:
   return _mix32(word ^ salts)
 
 
-@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
-def _fast_noise_group(w0: jax.Array, w1s: jax.Array, *, shape: tuple[int, ...], dtype):
+@functools.partial(jax.jit, static_argnames=("shape", "dtype", "sampler"))
+def _fast_noise_group(w0: jax.Array, w1s: jax.Array, *, shape: tuple[int, ...], dtype,
+                      sampler: FastGaussian):
   """The :class:`FastGaussian` noise of ``k`` leaves of one shape, stacked: ``[k, *shape]``.
 
   Row ``j`` is bit for bit ``_fast_noise(w0, w1s[j])``. A leaf reads its row with a
@@ -351,7 +371,7 @@ def _fast_noise_group(w0: jax.Array, w1s: jax.Array, *, shape: tuple[int, ...], 
   compile time on models with hundreds of tensors.
   """
   w1 = w1s.reshape(w1s.shape + (1,) * len(shape))
-  return fast_gaussian._hash_values(w0, w1, shape, dtype)
+  return sampler._hash_values(w0, w1, shape, dtype)
 
 
 class DirectionWords:
@@ -427,16 +447,16 @@ class DirectionWords:
       first, last = self.first, self.last(index)
       if jax.tree.leaves(after):
         first, last, _ = jax.lax.optimization_barrier((first, last, after))
-      return _fast_noise(first, last, shape=shape, dtype=dtype)
+      return _fast_noise(first, last, shape=shape, dtype=dtype, sampler=sampler)
     tied = tuple(jax.tree.leaves(after))
-    cache_key = (sig, tuple(id(x) for x in tied))
+    cache_key = (sig, sampler, tuple(id(x) for x in tied))
     if cache_key not in self._group_noise:
       first, lasts = self.first, self.group_words(sig)
       if tied:
         first, lasts, _ = jax.lax.optimization_barrier((first, lasts, after))
       # ``tied`` is kept with the draw so that its ids stay those of live objects
       self._group_noise[cache_key] = (tied, _fast_noise_group(first, lasts, shape=shape,
-                                                              dtype=dtype))
+                                                              dtype=dtype, sampler=sampler))
     group = self._group_noise[cache_key][1]
     start = (self.position[index],) + (jnp.uint32(0),) * len(shape)
     return jax.lax.dynamic_slice(group, start, (1,) + shape).reshape(shape)

@@ -54,9 +54,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hizoo_jax._src import config as cfg
-from hizoo_jax._src import estimator as est
-from hizoo_jax._src import sampling, transform
+from hizoo_jax._src import method as m
+from hizoo_jax._src import numerics, sampling, transform
 from hizoo_jax._src import sharding as shard_lib
 
 RESTORE_MODES = ("auto", "inplace", "exact")
@@ -66,15 +65,15 @@ RESTORE_MODES = ("auto", "inplace", "exact")
 
 
 class _Probe:
-  """Collects the static specs of the ZO transforms an update call reaches."""
+  """Collects the methods of the ZO transforms an update call reaches."""
 
   def __init__(self):
-    self.found: list[tuple[cfg.ZOSpec, Any, tuple[bool, ...]]] = []
+    self.found: list[tuple[m.Method, Any, tuple[bool, ...]]] = []
 
-  def record(self, spec: cfg.ZOSpec, params_view: Any) -> None:
+  def record(self, method: m.Method, params_view: Any) -> None:
     leaves, view_def = jax.tree.flatten(params_view, is_leaf=transform.is_masked_node)
     mask = tuple(not transform.is_masked_node(x) for x in leaves)
-    entry = (spec, view_def, mask)
+    entry = (method, view_def, mask)
     if entry not in self.found:  # MultiSteps traces its inner update twice
       self.found.append(entry)
 
@@ -85,22 +84,20 @@ class NoZOTransformError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class _Located:
-  """The one ZO transform of ``tx``: its spec, its state now, and its view of the params."""
+  """The one ZO transform of ``tx``: its method, its state now, and its view of the params."""
 
-  spec: cfg.ZOSpec
+  method: m.Method
   state: Any
   view_def: Any
   mask: tuple[bool, ...]
   index: int  # of the ZO state among the leaves of the optimizer state (is_zo_state)
 
   def rebind(self, opt_state) -> _Located:
-    """The same transform, reading its key and Hessian from ``opt_state`` (a state of the
-    same structure, e.g. the copy a loop carries) and keeping the hyperparameters in
+    """The same transform, reading its key and method state from ``opt_state`` (a state
+    of the same structure, e.g. the copy a loop carries) and keeping the options in
     effect that the probe found; no second probe trace."""
     zo = _zo_states(opt_state)[self.index]
-    in_effect = {k: getattr(self.state, k) for k in ("mu", "hessian_every")
-                 if hasattr(self.state, k)}
-    return dataclasses.replace(self, state=zo._replace(**in_effect))
+    return dataclasses.replace(self, state=zo._replace(hyper=self.state.hyper))
 
   def view(self, params):
     """The params as the ZO transform sees them (``MaskedNode`` at frozen leaves)."""
@@ -114,40 +111,46 @@ class _Located:
     return self.view_def.unflatten(
         [n if keep else p for p, n, keep in zip(parts, new, self.mask, strict=True)])
 
-  @property
-  def num_directions(self) -> int:
-    return int(self.state.loss_plus.shape[0])
+  def noise(self, leaves, prepared=None) -> m.StepNoise:
+    key = jax.random.wrap_key_data(self.state.key, impl=self.method.key_impl)
+    noise_key, _ = sampling.split_state_key(key)
+    return m.StepNoise(self.method.sampler, noise_key, leaves, prepared=prepared)
 
-  @property
-  def mu(self):
-    return self.state.mu
+  def prepare(self, params):
+    """What the method needs from the unperturbed params (see Method.prepare)."""
+    leaves = jax.tree.leaves(self.view(params))
+    return self.method.prepare(leaves, self.state.method, self.state.hyper)
 
-  def hessian_step(self):
-    if not self.spec.hizoo:
-      return jnp.asarray(False)
-    return (self.state.count % self.state.hessian_every) == 0
-
-  def perturb(self, params, coef, after=()):
-    """``params`` with the selected leaves moved by ``coef * mu * H^{-1/2} z``.
+  def perturb(self, params, coef, probe, measured, prepared=None, after=()):
+    """``params`` with the selected leaves moved by ``coef * mu * D_probe``.
 
     ``after``: values the noise is ordered after (see :func:`sampling.tie`); inside a loop,
     the loop index, so that XLA regenerates the noise in each iteration's fused pass
-    instead of hoisting the loop-invariant ``mu H^{-1/2} z`` out of the loop into a
-    params-sized buffer.
+    instead of hoisting the loop-invariant ``mu D`` out of the loop into a params-sized
+    buffer.
     """
     st = self.state
-    key = jax.random.wrap_key_data(st.key, impl=self.spec.key_impl)
-    noise_key, _ = sampling.split_state_key(key)
-    dkey = sampling.tie(sampling.direction_key(noise_key, 0), after)
-    hessian = st.hessian if self.spec.hizoo else None
-    view = self.view(params)
+    leaves, treedef = jax.tree.flatten(self.view(params))
+    method_state = st.method
     if jax.tree.leaves(after):
-      # H^{-1/2} is loop-invariant too, and so are the params of an exact restore (whose
-      # float32 upcast XLA would hoist into a params-sized buffer).
-      hessian, view, _ = jax.lax.optimization_barrier((hessian, view, after))
-    step = jnp.asarray(coef, st.mu.dtype) * st.mu
-    view = est.perturb(self.spec, view, hessian, dkey, step)
-    return self.merge(params, view)
+      # The method's state (e.g. H^{-1/2}) is loop-invariant too, and so are the params of
+      # an exact restore (whose float32 upcast XLA would hoist into a params-sized buffer).
+      method_state, leaves, prepared, _ = jax.lax.optimization_barrier(
+          (method_state, leaves, prepared, after))
+    mu = st.hyper["mu"]
+    step = jnp.asarray(coef, mu.dtype) * mu
+    d = self.method.displacement(self.noise(leaves, prepared), method_state, st.hyper, probe,
+                                 measured, step, after=after)
+    return self.merge(params, treedef.unflatten(transform.moved(leaves, d)))
+
+  def tangents(self, params, probe, measured):
+    """The tree ``D_probe`` (zeros at frozen leaves), the tangent of a ``"jvp"`` method."""
+    st = self.state
+    leaves, treedef = jax.tree.flatten(self.view(params))
+    d = self.method.displacement(self.noise(leaves), st.method, st.hyper, probe, measured,
+                                 jnp.ones((), st.hyper["mu"].dtype))
+    d = [x.astype(jnp.result_type(p)) for x, p in zip(d, leaves, strict=True)]
+    return self.merge(_zeros_like(params), treedef.unflatten(d))
 
 
 def _zeros_like(params):
@@ -173,8 +176,8 @@ def _locate(tx, params, opt_state) -> _Located | None:
     raise NoZOTransformError(_NO_ZO)
   if len(found) != 1 or len(states) != 1:
     return None
-  spec, view_def, mask = found[0]
-  return _Located(spec, states[0], view_def, mask, index=0)
+  method, view_def, mask = found[0]
+  return _Located(method, states[0], view_def, mask, index=0)
 
 
 _NO_ZO = (
@@ -190,8 +193,7 @@ def _static_info(tx, params, opt_state) -> dict[str, Any]:
 
   def trace(p, s):
     found, states = _probe(tx, p, s)
-    info.update(found=found, states=len(states),
-                lean=len(found) == 1 and len(states) == 1 and states[0].loss_plus.shape[0] == 1)
+    info.update(found=found, states=len(states), lean=len(found) == 1 and len(states) == 1)
 
   jax.eval_shape(trace, params, opt_state)
   return info
@@ -232,7 +234,7 @@ class _Loss:
       loss, aux = out
     else:
       loss, aux = out, None
-    return est.check_loss(loss, "loss_fn").astype(self.dtype), aux
+    return numerics.check_loss(loss, "loss_fn").astype(self.dtype), aux
 
   def zeros(self, params, *batch):
     """A zero loss and aux of the right shapes (the not-taken branch of a cond)."""
@@ -240,13 +242,14 @@ class _Loss:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def _mean_aux(a, b):
-  """The mean of two aux trees: floating leaves averaged, others taken from ``a``."""
-  def one(x, y):
+def _mean_aux(stacked):
+  """The mean of the measured evaluations' aux (slots 1..): floating leaves averaged,
+  others taken from the first measured evaluation."""
+  def one(x):
     if jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-      return (x + y) / 2
-    return x
-  return jax.tree.map(one, a, b)
+      return (x[1] + x[2]) / 2 if x.shape[0] == 3 else jnp.mean(x[1:], axis=0)
+    return x[1]
+  return jax.tree.map(one, stacked)
 
 
 def _final_update(tx, params, opt_state, losses):
@@ -284,57 +287,101 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False):
 
   def step(params, opt_state, *batch):
     loc = _locate(tx, params, opt_state)
-    if (loc is None or loc.num_directions != 1
-        or (fused_noise_only and not isinstance(loc.spec.sampler, sampling.FastGaussian))):
+    if loc is None or (fused_noise_only and not isinstance(loc.method.sampler,
+                                                           sampling.FastGaussian)):
       # A sampler that does not fuse into the elementwise passes (threefry) materialises
       # the noise in each of them, and in one program XLA keeps those buffers apart: the
       # lean step would hold more than the plain one (MeZO 4.0 vs 2.5, HiZOO 5.5 vs 4.5
       # param bytes over a forward pass, benchmarks/RESULTS.md).
       return _plain_fn(tx, loss_fn, has_aux)(params, opt_state, *batch)
-    f = _Loss(loss_fn, has_aux, est.loss_dtype(params))
+    f = _Loss(loss_fn, has_aux, numerics.loss_dtype(params))
+    if loc.method.measure == "jvp":
+      return _jvp_step(tx, loc, f, has_aux, params, opt_state, batch)
     zero = f.zeros(params, *batch)
-    measure_l0 = loc.hessian_step() if loc.spec.hizoo else jnp.asarray(False)
     inplace = _inplace_restore(restore, params)
-    # losses[k]: l0 (k = 0, HiZOO's Hessian steps, measured first at theta), then l+ and l-
-    # (k = 1, 2) in one loop over the coefficients (+1, -2, +1), the last restoring theta
-    # with no evaluation. The params live in the loop carry and are rewritten in place;
-    # with an exact restore the coefficients are (+1, -1) applied to theta into a
-    # perturbed copy in the carry. What makes XLA keep no params-sized temporary (each
-    # measured on the 403 MB benchmark model, benchmarks/RESULTS.md):
+    # The passes of the method: the params move by coef * mu * D_probe at each and the
+    # loss is measured where slot > 0 (slot 0 holds l0, measured first at theta where the
+    # method asks for it). In place, the coefficients of each probe sum to 0 and the last
+    # pass restores theta with no evaluation; with an exact restore, each measuring pass
+    # perturbs theta by its offset into a separate buffer in the carry. What makes XLA
+    # keep no params-sized temporary (each measured on the 403 MB benchmark model,
+    # benchmarks/RESULTS.md):
     # - the losses, l0 included, ride in the carry and pass the barrier with the params,
     #   so the loop's in-place writes come after l0's read of theta (else: a copy);
     # - every evaluation in the loop reads the pass's output, not the carried params;
-    # - the optimizer state rides in the carry and the noise and H^{-1/2} are tied to the
-    #   loop index (else XLA hoists the loop-invariant mu H^{-1/2} z out of the loop into a
-    #   params-sized buffer: 1.0 and 2.2 param bytes for MeZO and HiZOO);
+    # - the optimizer state rides in the carry and the noise and the method's state are
+    #   tied to the loop index (else XLA hoists the loop-invariant mu D out of the loop
+    #   into a params-sized buffer: 1.0 and 2.2 param bytes for MeZO and HiZOO);
     # - the final update comes after a second barrier, not interleaved with the loop.
-    coefs = jnp.asarray([0.0, 1.0, -2.0, 1.0] if inplace else [0.0, 1.0, -1.0], jnp.float32)
+    schedule = _schedule(loc.method, inplace)
+    probes = jnp.asarray([j for j, _, _ in schedule], jnp.int32)
+    coefs = jnp.asarray([c for _, c, _ in schedule], jnp.float32)
+    slots = jnp.asarray([k for _, _, k in schedule], jnp.int32)
+    n_slots = 1 + loc.method.num_measured
 
-    def body(i, carry):  # i = 1, 2, (3)
-      p, work, s, losses = carry
-      work = loc.rebind(s).perturb(work if inplace else p, coefs[i], after=i)
-      out = jax.lax.cond(i < 3, lambda: f(work, *batch), lambda: zero)
-      k = jnp.minimum(i, 2)
-      losses = jax.tree.map(lambda a, o: a.at[k].set(jnp.where(i < 3, o, a[k])), losses, out)
-      return p, work, s, losses
+    def body(i, carry):
+      p, work, s, outs, prepared = carry
+      here = loc.rebind(s)
+      measured = m.Measured(outs[0][0], outs[0][1:])
+      work = here.perturb(work if inplace else p, coefs[i], probes[i], measured, prepared,
+                          after=i)
+      k = slots[i]
+      out = jax.lax.cond(k > 0, lambda: f(work, *batch), lambda: zero)
+      outs = jax.tree.map(lambda a, o: a.at[k].set(jnp.where(k > 0, o, a[k])), outs, out)
+      return p, work, s, outs, prepared
 
-    l0 = jax.lax.cond(measure_l0, lambda: f(params, *batch), lambda: zero)
-    losses = jax.tree.map(lambda z: jnp.zeros((3,) + z.shape, z.dtype).at[0].set(z), l0)
-    params, opt_state, losses = jax.lax.optimization_barrier((params, opt_state, losses))
+    l0 = jax.lax.cond(loc.state.hyper["center"], lambda: f(params, *batch), lambda: zero)
+    outs = jax.tree.map(lambda z: jnp.zeros((n_slots,) + z.shape, z.dtype).at[0].set(z), l0)
+    prepared = loc.prepare(params)
+    params, opt_state, outs, prepared = jax.lax.optimization_barrier(
+        (params, opt_state, outs, prepared))
     if inplace:
-      _, params, opt_state, losses = jax.lax.fori_loop(
-          1, len(coefs), body, ((), params, opt_state, losses))
+      _, params, opt_state, outs, prepared = jax.lax.fori_loop(
+          0, len(schedule), body, ((), params, opt_state, outs, prepared))
     else:
-      params, _, opt_state, losses = jax.lax.fori_loop(
-          1, len(coefs), body, (params, _zeros_like(params), opt_state, losses))
-    l0, plus, minus = (jax.tree.map(lambda x, k=k: x[k], losses) for k in range(3))
-    params, opt_state = jax.lax.optimization_barrier((params, opt_state))
+      params, _, opt_state, outs, prepared = jax.lax.fori_loop(
+          0, len(schedule), body, (params, _zeros_like(params), opt_state, outs, prepared))
+    losses = outs[0]
+    params, opt_state, prepared = jax.lax.optimization_barrier((params, opt_state, prepared))
     params, opt_state = _final_update(tx, params, opt_state,
-                                      (l0[0], plus[0][None], minus[0][None]))
-    aux = _mean_aux(plus[1], minus[1]) if has_aux else None
+                                      (losses[0], losses[1:], prepared))
+    aux = _mean_aux(outs[1]) if has_aux else None
     return _outputs(params, opt_state, aux, has_aux)
 
   return step
+
+
+def _schedule(method: m.Method, inplace: bool) -> list[tuple[int, float, int]]:
+  """``(probe, coefficient, slot)`` of each pass the engine runs (slot 0: no evaluation).
+
+  In place: the method's passes. Exact restore: only the measuring passes, each at its
+  offset from theta (the perturbed copy is rebuilt from theta every time)."""
+  if inplace:
+    out, k = [], 0
+    for j, c, measures in method.passes:
+      k += int(measures)
+      out.append((j, c, k if measures else 0))
+    return out
+  return [(j, o, k + 1) for k, (j, o) in enumerate(m.measured_offsets(method.passes))]
+
+
+def _jvp_step(tx, loc, f, has_aux, params, opt_state, batch):
+  """The engine for a method that measures directional derivatives (``jax.jvp``): the
+  params are not moved; each probe's tangent tree ``D_j`` is built for its jvp (the
+  tangent is an input of the forward pass, so it exists as a buffer: one params-worth,
+  in the params' dtype, besides what the forward pass itself needs)."""
+  n = loc.method.num_measured
+  dtype = f.dtype
+  values = jnp.zeros([n], dtype)
+  center, aux = jnp.zeros((), dtype), None
+  for k, (probe, _) in enumerate(m.measured_offsets(loc.method.passes)):
+    d = loc.tangents(params, probe, m.Measured(center, values))
+    (loss, a), (dloss, _) = jax.jvp(lambda p: f(p, *batch), (params,), (d,))
+    values = values.at[k].set(dloss.astype(dtype))
+    if k == 0:
+      center, aux = loss, a
+  params, opt_state = _final_update(tx, params, opt_state, (center, values))
+  return _outputs(params, opt_state, aux, has_aux)
 
 
 def _plain_fn(tx, loss_fn, has_aux):
@@ -428,8 +475,7 @@ def make_train_step(
     if lean is False:
       return plain(params, opt_state, *batch)
     if lean is True:
-      loc = _locate(tx, params, opt_state)
-      if loc is None or loc.num_directions != 1:
+      if _locate(tx, params, opt_state) is None:
         raise ValueError(_NOT_LEAN)
     return fused(params, opt_state, *batch)
 

@@ -1,10 +1,10 @@
-"""Zeroth-order gradient transformations: ``scale_by_zo`` (SPSA / MeZO) and ``scale_by_hizoo``.
+"""The zeroth-order gradient transformation: any method of :mod:`hizoo_jax._src.method`.
 
-Both emit the (preconditioned) zeroth-order estimate ``g`` as their updates, so any Optax
-chain can follow them. They ignore the incoming ``updates`` and instead evaluate the loss
-through ``value_fn(params)``, passed as an extra argument to ``update``. The estimate
-itself lives in :mod:`hizoo_jax._src.estimator`, the curvature strategies in
-:mod:`hizoo_jax._src.curvature`, the argument checks in :mod:`hizoo_jax._src.config`.
+:func:`zo_transform` turns a method object into an ``optax.GradientTransformationExtraArgs``
+that emits the method's estimate ``g`` as its updates, so any Optax chain can follow it. It
+ignores the incoming ``updates`` and instead evaluates the loss through ``value_fn(params)``,
+passed as an extra argument to ``update``. The constructors of this file (``scale_by_zo``,
+``scale_by_hizoo``, ...) state each method's options once; the aliases forward them.
 
 Extra arguments of ``update`` (all keyword-only):
 
@@ -13,11 +13,13 @@ Extra arguments of ``update`` (all keyword-only):
 * ``value_params``: the full params ``value_fn`` takes, when the transform sees only some
   of them (``optax.masked`` and ``optax.multi_transform`` hand it the selected leaves;
   :func:`hizoo_jax.make_train_step` passes this itself).
-* ``zo_losses = (l0, l+[n], l-[n])``: losses measured by the caller at exactly this step's
-  perturbations (the lean train step); ``value_fn`` is then not called.
+* ``zo_losses = (l0, values[, prepared])``: the values measured by the caller at exactly
+  this step's passes (the engine measures them on in-place perturbed params), and what
+  the method prepared from the unperturbed params; ``value_fn`` is then not called.
 * ``zo_probe``: used by :func:`hizoo_jax.make_train_step` to find the transform inside any
-  composition; the call then records its static spec and returns the state unchanged but
-  for the hyperparameters in effect (``mu``, ``hessian_every``).
+  composition; the call then records its method and view of the params and returns the
+  state unchanged but for the options in effect (``hyper``), which every wrapper passes
+  through.
 """
 
 from __future__ import annotations
@@ -32,76 +34,54 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import optax.tree_utils as otu
-from optax._src import numerics
 
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import curvature as curv
-from hizoo_jax._src import estimator as est
-from hizoo_jax._src import sampling
+from hizoo_jax._src import method as m
+from hizoo_jax._src import numerics, sampling
+from hizoo_jax._src.methods import forward_gradient as fg_method
+from hizoo_jax._src.methods import fzoo as fzoo_method
+from hizoo_jax._src.methods import hizoo as hizoo_method
+from hizoo_jax._src.methods import sparse_mezo as sparse_method
+from hizoo_jax._src.methods import spsa
+from hizoo_jax._src.methods.hizoo import HiZOOState
 
 ScalarOrSchedule = float | jax.Array | optax.Schedule
 
+__all__ = ["HiZOOState", "ZOState", "get_hessian", "scale_by_forward_gradient",
+           "scale_by_fzoo", "scale_by_hizoo", "scale_by_sparse_mezo", "scale_by_zo", "zo_transform"]
+
 
 class ZOState(NamedTuple):
-  """State of :func:`scale_by_zo`.
+  """State of every zeroth-order transform.
 
   Attributes:
     count: number of steps taken (int32).
     key: raw PRNG key data the next step draws its noise from (advanced every step).
-    mu: the perturbation scale of the last step (at init: the configured one).
-    loss: the step's loss for logging: mean of ``(l+ + l-) / 2`` over directions.
-    loss_plus: ``l+`` of each direction, shape ``[n]``.
-    loss_minus: ``l-`` of each direction, shape ``[n]``.
-    skipped_directions: directions dropped so far because a loss was not finite.
+    forward_passes: forward passes executed so far (int32): ``l0`` where measured and
+      one per measuring pass (a directional derivative counts as one). Compare methods
+      by this, not by steps.
+    loss: the step's loss for logging (``l0`` where the method measures it, else the
+      mean of the perturbed losses).
+    losses: the values of the step's measuring passes, in order (two-sided methods:
+      ``l+_1, l-_1, l+_2, ...``).
+    skipped_directions: probes dropped so far because a value was not finite.
+    hyper: the numeric options in effect at the last step (``mu`` as applied, ...).
+    method: the method's own state (e.g. :class:`HiZOOState`; ``()`` for MeZO).
   """
 
   count: jax.Array
   key: jax.Array
-  mu: jax.Array
+  forward_passes: jax.Array
   loss: jax.Array
-  loss_plus: jax.Array
-  loss_minus: jax.Array
+  losses: jax.Array
   skipped_directions: jax.Array
-
-
-class HiZOOState(NamedTuple):
-  """State of :func:`scale_by_hizoo`.
-
-  Attributes:
-    count: number of steps taken (int32).
-    key: raw PRNG key data the next step draws its noise from (advanced every step).
-    mu: the perturbation scale of the last step (at init: the configured one).
-    hessian_every: the ``hessian_update_every`` of the last step.
-    hessian: the diagonal-Hessian estimate ``H``, a tree shaped like the params whose
-      leaves are dense arrays or :class:`FactoredHessian` (HiZOO-L).
-    hessian_bounds: ``(lo, hi)`` clip bounds of ``H``, used to rebuild factored leaves.
-    loss: the step's loss for logging: ``l0`` on Hessian steps, else the mean of
-      ``(l+ + l-) / 2`` over directions.
-    loss_plus: ``l+`` of each direction, shape ``[n]``.
-    loss_minus: ``l-`` of each direction, shape ``[n]``.
-    skipped_directions: directions dropped so far because a loss was not finite.
-    skipped_hessian_updates: Hessian updates skipped so far because the second difference
-      ``|l+ + l- - 2 l0|`` was under the loss dtype's rounding floor.
-  """
-
-  count: jax.Array
-  key: jax.Array
-  mu: jax.Array
-  hessian_every: jax.Array
-  hessian: Any
-  hessian_bounds: jax.Array
-  loss: jax.Array
-  loss_plus: jax.Array
-  loss_minus: jax.Array
-  skipped_directions: jax.Array
-  skipped_hessian_updates: jax.Array
-
-
-ZO_STATE_TYPES = (ZOState, HiZOOState)
+  hyper: dict
+  method: Any
 
 
 def is_zo_state(x: Any) -> bool:
-  return isinstance(x, ZO_STATE_TYPES)
+  return isinstance(x, ZOState)
 
 
 # ----------------------------------------------------------------------------------------
@@ -132,136 +112,159 @@ def mask_like(full: Any, view: Any) -> Any:
 # The transformation.
 
 
-@dataclasses.dataclass(frozen=True)
-class _Hyper:
-  """The numeric options, possibly traced (inject_hyperparams) or scheduled."""
+def zo_transform(method: m.Method, hyper: dict[str, Any],
+                 seed: Any = 0) -> optax.GradientTransformationExtraArgs:
+  """The transformation that runs ``method`` (a :class:`hizoo_jax._src.method.Method`).
 
-  mu: Any
-  hessian_smoothing: Any
-  num_directions: Any
-  hessian_update_every: Any
-  hessian_init: Any
-  seed: Any
-  min_dim_size_to_factor: Any = 128
-  curvature_floor: Any = 4.0
-  mu_resolution: Any = 0.0
+  Args:
+    method: the method object (static: sampler, key implementation, probes, options).
+    hyper: its numeric options, possibly traced (``optax.inject_hyperparams``) or
+      schedules; checked here where they are concrete.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+  """
+  method.check(hyper)
+  cfg.check_seed(seed)
 
-
-def _make(spec: cfg.ZOSpec, hp: _Hyper) -> optax.GradientTransformationExtraArgs:
-  cfg.check_positive("mu", hp.mu)
-  n_static = cfg.check_int("num_directions", hp.num_directions, 1)
-  cfg.check_int("hessian_update_every", hp.hessian_update_every, 1)
-  cfg.check_seed(hp.seed)
-  res = cfg.concrete(hp.mu_resolution)
-  if res is not None and (res.ndim != 0 or not np.isfinite(res) or res < 0):
-    raise ValueError(f"mu_resolution must be a finite number >= 0, got {hp.mu_resolution!r}")
-  if spec.hizoo:
-    cfg.check_hizoo_options(spec, hp.hessian_smoothing, hp.hessian_init,
-                            hp.min_dim_size_to_factor, hp.curvature_floor)
+  def resolved(state=None) -> m.Method:
+    """The method with its static number of probes: from the options, or (traced under
+    inject_hyperparams) from the shape of the state that init built when it was concrete."""
+    if method.num_probes is not None:
+      return method
+    if state is None:
+      raise TypeError(
+          "num_directions must be a concrete int at init; under optax.inject_hyperparams "
+          "pass static_args=('num_directions',)")
+    per_probe = dataclasses.replace(method, num_probes=1).num_measured
+    return dataclasses.replace(method, num_probes=state.losses.shape[0] // per_probe)
 
   def keys_of(state, key=None):
     """``(noise key of this step, key of the next state)``."""
     noise_key, next_key = sampling.split_state_key(
-        jax.random.wrap_key_data(state.key, impl=spec.key_impl))
+        jax.random.wrap_key_data(state.key, impl=method.key_impl))
     if key is not None:
-      noise_key, _ = sampling.split_state_key(cfg.as_typed_key(key, spec.key_impl))
+      noise_key, _ = sampling.split_state_key(cfg.as_typed_key(key, method.key_impl))
     return noise_key, next_key
-
-  def every_now():
-    return jnp.maximum(jnp.asarray(hp.hessian_update_every, jnp.int32), 1)
 
   def init_fn(params):
     cfg.check_params(params)
-    if n_static is None:
-      raise TypeError(
-          "num_directions must be a concrete int at init; under optax.inject_hyperparams pass "
-          "static_args=('num_directions',)"
-      )
-    dtype = est.loss_dtype(params)
-    mu = est.effective_mu(jnp.asarray(hp.mu, dtype), params, hp.mu_resolution)
-    mu, _ = est.sanitize_mu(mu)
-    common = dict(
-        count=jnp.zeros([], jnp.int32),
-        key=cfg.seed_to_key_data(hp.seed, spec.key_impl),
-        mu=mu,
+    method_ = resolved()
+    dtype = numerics.loss_dtype(params)
+    count = jnp.zeros([], jnp.int32)
+    state = method_.init(params, hyper)
+    return ZOState(
+        count=count,
+        key=cfg.seed_to_key_data(seed, method.key_impl),
+        forward_passes=jnp.zeros([], jnp.int32),
         loss=jnp.zeros([], dtype),
-        loss_plus=jnp.zeros([n_static], dtype),
-        loss_minus=jnp.zeros([n_static], dtype),
+        losses=jnp.zeros([method_.num_measured], dtype),
         skipped_directions=jnp.zeros([], jnp.int32),
-    )
-    if not spec.hizoo:
-      return ZOState(**common)
-    h = curv.init_tree(params, factored=spec.factored,
-                       min_dim_size_to_factor=_concrete_int(hp.min_dim_size_to_factor),
-                       dtype_of=spec.hessian_leaf_dtype, init_value=hp.hessian_init)
-    bounds_dtype = jnp.result_type(jnp.float32, *[x.dtype for x in jax.tree.leaves(h)])
-    return HiZOOState(
-        hessian_every=every_now(),
-        hessian=h,
-        hessian_bounds=jnp.asarray(spec.hessian_clip, bounds_dtype),
-        skipped_hessian_updates=jnp.zeros([], jnp.int32),
-        **common,
+        # copies: an injected hyperparameter may come back as the very array the wrapper
+        # holds, and one buffer twice in a state cannot be donated.
+        hyper=jax.tree.map(lambda x: jnp.array(x, copy=True),
+                           method_.in_effect(hyper, count, params, state)),
+        method=state,
     )
 
   def update_fn(updates, state, params=None, *, value_fn=None, key=None, zo_losses=None,
                 value_params=None, zo_probe=None, **extra_args):
     del updates, extra_args  # ZO transforms measure the loss themselves.
     if not is_zo_state(state):
-      raise TypeError(f"expected a {type(state).__name__} of this transform's init, got "
-                      f"{type(state)}")
+      raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}")
     cfg.check_params(params)
-    mu_now = est.effective_mu(jnp.asarray(hp.mu, state.mu.dtype), params, hp.mu_resolution)
-    mu, _ = est.sanitize_mu(mu_now)
-    in_effect = dict(mu=mu.astype(state.mu.dtype))
-    if spec.hizoo:
-      in_effect["hessian_every"] = every_now()
+    method = resolved(state)
+    num_measured = method.num_measured
+    in_effect = method.in_effect(hyper, state.count, params, state.method)
+    in_effect = jax.tree.map(lambda new, old: new.astype(old.dtype), in_effect, state.hyper)
     if zo_probe is not None:
-      zo_probe.record(spec, params)
-      return jax.tree.map(jnp.zeros_like, params), state._replace(**in_effect)
+      zo_probe.record(method, params)
+      return jax.tree.map(jnp.zeros_like, params), state._replace(hyper=in_effect)
 
+    dtype = state.losses.dtype
+    leaves, treedef = jax.tree.flatten(params)
+    noise_key, next_key = keys_of(state, key)
+    if zo_losses is not None and len(zo_losses) > 2:
+      prepared = zo_losses[2]  # the engine's, from theta before its passes moved it
+    else:
+      prepared = method.prepare(leaves, state.method, in_effect)
+    noise = m.StepNoise(method.sampler, noise_key, leaves, lean=zo_losses is not None,
+                        prepared=prepared)
     if zo_losses is None:
       value_fn = _resolve_value_fn(value_fn, params, value_params)
-    n = state.loss_plus.shape[0]
-    noise_key, next_key = keys_of(state, key)
-    if spec.hizoo:
-      hessian_step = (state.count % in_effect["hessian_every"]) == 0
-      s = hp.hessian_smoothing
-      alpha = s(state.count) if callable(s) else s
-      hessian = state.hessian
+      measured = measure(method, noise, state.method, in_effect, treedef, leaves, value_fn,
+                         dtype)
     else:
-      hessian_step, alpha, hessian = False, 0.0, None
-
-    g, hessian, stats = est.estimate(
-        spec, params, value_fn, noise_key, n, mu_now, hessian, hessian_step, jnp.asarray(alpha),
-        curvature_floor=hp.curvature_floor, losses=zo_losses)
-    common = dict(
-        count=numerics.safe_increment(state.count),
+      measured = m.Measured(jnp.asarray(zo_losses[0], dtype),
+                            jnp.asarray(zo_losses[1], dtype).reshape(num_measured))
+    g, method_state, stats = method.estimate(noise, state.method, in_effect, leaves, measured)
+    g = treedef.unflatten([a.astype(jnp.result_type(p))
+                           for a, p in zip(g, leaves, strict=True)])
+    passes_now = (num_measured * method.cost_per_measure
+                  + in_effect["center"].astype(jnp.int32))
+    return g, ZOState(
+        count=optax.safe_increment(state.count),
         key=jax.random.key_data(next_key).astype(state.key.dtype),
-        loss=stats["loss"].astype(state.loss.dtype),
-        loss_plus=stats["loss_plus"].astype(state.loss_plus.dtype),
-        loss_minus=stats["loss_minus"].astype(state.loss_minus.dtype),
-        skipped_directions=state.skipped_directions + stats["skipped_directions"],
-        **in_effect,
-    )
-    if not spec.hizoo:
-      return g, ZOState(**common)
-    hessian = jax.tree.map(lambda new, old: new.astype(old.dtype), hessian, state.hessian)
-    return g, HiZOOState(
-        hessian=hessian,
-        hessian_bounds=state.hessian_bounds,
-        skipped_hessian_updates=state.skipped_hessian_updates + stats["skipped_hessian_updates"],
-        **common,
+        forward_passes=_add_saturating(state.forward_passes, passes_now),
+        loss=stats["loss"].astype(dtype),
+        losses=measured.values.astype(dtype),
+        skipped_directions=state.skipped_directions + stats["skipped"],
+        hyper=in_effect,
+        method=method_state,
     )
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _concrete_int(x: Any) -> int:
-  v = cfg.concrete(x)
-  if v is None:
-    raise TypeError("min_dim_size_to_factor must be concrete at init; under "
-                    "optax.inject_hyperparams list it in static_args")
-  return int(v)
+def _add_saturating(total: jax.Array, n: jax.Array) -> jax.Array:
+  """``total + n`` for int32 counters, stopping at the largest int32 instead of wrapping."""
+  top = jnp.iinfo(total.dtype).max
+  return jnp.where(total > top - n, top, total + n).astype(total.dtype)
+
+
+def measure(method: m.Method, noise: m.StepNoise, state: Any, hyper: dict, treedef,
+            leaves: list, value_fn: Callable[[Any], Any], dtype: Any) -> m.Measured:
+  """The plain path's measurements: ``l0`` (where the method wants it) and every measuring
+  pass, each on a perturbed copy of the params (``value_fn`` traced once per kind)."""
+  value = lambda p: numerics.check_loss(value_fn(p)).astype(dtype)
+  zero = jnp.zeros((), dtype)
+  center = jax.lax.cond(hyper["center"], lambda: value(treedef.unflatten(leaves)),
+                        lambda: zero)
+  offsets = m.measured_offsets(method.passes)
+  values = jnp.zeros([len(offsets)], dtype)
+  mu = hyper["mu"]
+
+  def one(carry, k, probe, offset):
+    center, values = carry
+    noise_k = noise.fresh()
+    measured = m.Measured(center, values)
+    if method.measure == "jvp":
+      d = method.displacement(noise_k, state, hyper, probe, measured, jnp.ones((), mu.dtype))
+      primal, v = jax.jvp(lambda *xs: value(treedef.unflatten(list(xs))), tuple(leaves),
+                          tuple(x.astype(jnp.result_type(p))
+                                for x, p in zip(d, leaves, strict=True)))
+      center = jnp.where(k == 0, primal, center)  # the loss at theta, from the first jvp
+    else:
+      step = jnp.asarray(offset, mu.dtype) * mu
+      d = method.displacement(noise_k, state, hyper, probe, measured, step)
+      v = value(treedef.unflatten(moved(leaves, d)))
+    return center, values.at[k].set(v.astype(dtype))
+
+  carry = (center, values)
+  if len(offsets) <= 2:
+    for k, (probe, offset) in enumerate(offsets):
+      carry = one(carry, k, probe, offset)
+  else:
+    probes = jnp.asarray([j for j, _ in offsets], jnp.int32)
+    offs = jnp.asarray([o for _, o in offsets], np.float32)
+    carry = jax.lax.fori_loop(0, len(offsets),
+                              lambda k, c: one(c, k, probes[k], offs[k]), carry)
+  center, values = carry
+  return m.Measured(center, values)
+
+
+def moved(leaves: list, displacements: list) -> list:
+  """``theta + delta`` leaf by leaf, combined in the noise dtype and rounded once."""
+  return [(jnp.asarray(p).astype(d.dtype) + d).astype(jnp.result_type(p))
+          for p, d in zip(leaves, displacements, strict=True)]
 
 
 def _resolve_value_fn(value_fn: Any, params: Any, value_params: Any) -> Callable[[Any], Any]:
@@ -334,10 +337,9 @@ def scale_by_zo(
     Passes", NeurIPS 2023 (MeZO).
   """
   sampler = cfg.check_sampler(sampler, needs_gaussian=False)
-  spec = cfg.ZOSpec(hizoo=False, sampler=sampler, key_impl=cfg.key_impl_of(seed))
-  return _make(spec, _Hyper(mu=mu, hessian_smoothing=0.0, num_directions=num_directions,
-                            hessian_update_every=1, hessian_init=1.0, seed=seed,
-                            mu_resolution=mu_resolution))
+  n = _probes(num_directions)
+  method = spsa.SPSA(sampler=sampler, key_impl=cfg.key_impl_of(seed), num_probes=n)
+  return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution), seed)
 
 
 def scale_by_hizoo(
@@ -429,21 +431,132 @@ def scale_by_hizoo(
     Zeroth-Order Optimizer", ICLR 2025.
   """
   sampler = cfg.check_sampler(sampler, needs_gaussian=True)
-  spec = cfg.ZOSpec(
-      hizoo=True,
+  method = hizoo_method.HiZOO(
       sampler=sampler,
       key_impl=cfg.key_impl_of(seed),
+      num_probes=_probes(num_directions),
       estimator=estimator,
       factored=bool(factored),
       hessian_dtype=hessian_dtype,
       hessian_clip=tuple(hessian_clip) if isinstance(hessian_clip, list) else hessian_clip,
   )
-  return _make(spec, _Hyper(mu=mu, hessian_smoothing=hessian_smoothing,
-                            num_directions=num_directions,
-                            hessian_update_every=hessian_update_every,
-                            hessian_init=hessian_init, seed=seed,
-                            min_dim_size_to_factor=min_dim_size_to_factor,
-                            curvature_floor=curvature_floor, mu_resolution=mu_resolution))
+  hyper = dict(mu=mu, mu_resolution=mu_resolution, hessian_smoothing=hessian_smoothing,
+               hessian_update_every=hessian_update_every, hessian_init=hessian_init,
+               min_dim_size_to_factor=min_dim_size_to_factor, curvature_floor=curvature_floor)
+  return zo_transform(method, hyper, seed)
+
+
+def _probes(num_directions: Any) -> int | None:
+  """``num_directions`` as the static number of probes, or None when it is traced
+  (``optax.inject_hyperparams``): then the state's shape tells (:func:`zo_transform`)."""
+  return cfg.check_int("num_directions", num_directions, 1)
+
+
+def scale_by_fzoo(
+    mu: float = 1e-3,
+    *,
+    num_directions: int = 8,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""FZOO's normalised one-sided estimate.
+
+  .. math::
+    g = \frac{1}{N \sigma} \sum_{j=1}^N \big(f(\theta + \mu u_j) - f(\theta)\big) u_j,
+    \qquad \sigma = \operatorname{std}_j f(\theta + \mu u_j)
+
+  with Rademacher ``u_j``: ``N + 1`` forward passes a step. ``g`` has the scale of a
+  normalised gradient (``mu`` cancels), so the learning rate is a step length.
+
+  Args:
+    mu: perturbation scale (> 0); defaults to the reference code's ``1e-3``.
+    num_directions: probes ``N`` per step (>= 2); the reference code's default 8.
+    mu_resolution: for 16-bit params, raise ``mu`` to at least ``mu_resolution *
+      eps(dtype) * rms(theta)`` (see :func:`scale_by_hizoo`; off by default).
+    sampler: default :data:`hizoo_jax.fast_rademacher` (the paper's noise, fused into the
+      passes); any sampler works.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Dang et al., "FZOO: Fast Zeroth-Order Optimizer for Fine-Tuning Large Language Models
+    towards Adam-Scale Speed", ICLR 2026.
+  """
+  sampler = sampling.fast_rademacher if sampler is None else cfg.check_sampler(
+      sampler, needs_gaussian=False)
+  method = fzoo_method.FZOO(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                            num_probes=_probes(num_directions))
+  return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution), seed)
+
+
+def scale_by_forward_gradient(
+    *,
+    num_directions: int = 1,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""The forward-gradient estimate ``g = 1/n sum_j (grad f . z_j) z_j`` by ``jax.jvp``.
+
+  The directional derivative is exact (no perturbation scale, no finite difference), so
+  it behaves like SPSA at ``mu -> 0`` and does not lose ``l+ - l-`` to rounding in bf16.
+  Each direction is one forward pass carrying tangents (counted as two forward passes);
+  the tangent tree is params-sized and exists during the step (the zeroth-order methods
+  perturb in place and hold none).
+
+  Args:
+    num_directions: directions ``n`` averaged per step.
+    sampler: default :data:`hizoo_jax.fast_gaussian`; any sampler works.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Baydin et al., "Gradients without Backpropagation", 2022; Zhang et al., "Revisiting
+    Zeroth-Order Optimization for Memory-Efficient LLM Fine-Tuning: A Benchmark", ICML
+    2024 (Forward-Grad).
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  method = fg_method.ForwardGradient(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                                     num_probes=_probes(num_directions))
+  return zo_transform(method, {}, seed)
+
+
+def scale_by_sparse_mezo(
+    mu: float = 1e-3,
+    *,
+    sparsity: float = 0.8,
+    num_directions: int = 1,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Sparse MeZO's masked SPSA estimate.
+
+  .. math::
+    g = \frac{f(\theta + \mu\, m \odot z) - f(\theta - \mu\, m \odot z)}{2\mu}\,
+        m \odot z, \qquad m = |\theta| \le h
+
+  per weight matrix, with ``h`` the ``(1 - sparsity)`` quantile of ``|theta|`` at ``init``
+  (``sparsity = 0.8``: the 20% smallest weights of each matrix are perturbed and
+  updated); the mask is recomputed from the params at every step. Leaves with fewer than
+  two dimensions are perturbed whole.
+
+  Args:
+    mu: perturbation scale (> 0), MeZO's default ``1e-3``.
+    sparsity: fraction of each matrix left out, in [0, 1); 0.8, the paper's best on
+      most tasks.
+    num_directions: directions averaged per step (2 forward passes each).
+    mu_resolution: as in :func:`scale_by_zo`.
+    sampler: default :data:`hizoo_jax.fast_gaussian`; any sampler works.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Liu et al., "Sparse MeZO: Less Parameters for Better Performance in Zeroth-Order LLM
+    Fine-Tuning", NeurIPS 2025.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  method = sparse_method.SparseMeZO(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                                    num_probes=_probes(num_directions))
+  return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution, sparsity=sparsity),
+                      seed)
 
 
 HIZOO_OPTIONS: tuple[inspect.Parameter, ...] = tuple(

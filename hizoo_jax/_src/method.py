@@ -1,0 +1,233 @@
+"""The method interface: what a zeroth-order method is, for the transform and the engine.
+
+A zeroth-order step measures losses at perturbed params and turns them into an estimate
+of the gradient. The data flows one way::
+
+    sampler -> probes -> losses -> estimate -> method state -> Optax chain -> engine
+
+A :class:`Method` is one small static (hashable) object that says everything that
+differs between methods, and nothing else:
+
+* :attr:`Method.passes`: the step's passes over the params, a static tuple of
+  ``(probe j, coefficient c, measures)``. The engine moves the params in place by
+  ``c * mu * D_j`` at each pass and measures the loss where ``measures`` is true; the
+  coefficients of each probe sum to zero, so the params come back. Two-sided SPSA is
+  ``(j, +1, True), (j, -2, True), (j, +1, False)``; a one-sided probe is
+  ``(j, +1, True), (j, -1, False)``. Whether ``l0 = f(theta)`` is measured first is a
+  (possibly traced) value of :meth:`Method.in_effect`, ``"center"``.
+* :meth:`Method.displacement`: ``step * D_j`` for every leaf, with ``D_j`` the probe's
+  perturbation direction, as elementwise expressions regenerated from keys (never
+  stored).
+* :meth:`Method.estimate`: the losses, the params and the method's state become the
+  emitted estimate ``g`` (a tree shaped like the params), the new state and the step's
+  statistics.
+* :meth:`Method.init` and :meth:`Method.in_effect`: the method's own state, and the
+  numeric options in effect at a step (schedules evaluated, traced values sanitised).
+* :meth:`Method.prepare` (optional): what the step needs from the unperturbed params
+  before the engine moves them in place (Sparse MeZO's masks), computed once per step.
+
+The transform (:func:`hizoo_jax._src.transform.zo_transform`) runs any method through
+``tx.update``: it measures the losses with ``value_fn`` on copies of the params. The
+engine (:func:`hizoo_jax.make_train_step`) runs the same passes in place, in one program,
+and hands the measured losses to the same ``tx.update``. Neither knows which method it
+runs. A method that measures directional derivatives instead of losses
+(:attr:`Method.measure` = ``"jvp"``) gets ``jax.jvp`` of the loss along ``D_j`` at each
+measuring pass, with coefficient 0.
+
+Key schedule (public and stable): the step's noise key is the first half of
+``jax.random.split(state_key)``; probe ``j`` draws from
+``sampling.direction_key(noise_key, j)``; leaf ``i`` of a probe from the words of
+:class:`hizoo_jax._src.sampling.DirectionWords`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hizoo_jax._src import sampling
+
+Pass = tuple[int, float, bool]
+
+
+def two_sided(num_probes: int) -> tuple[Pass, ...]:
+  """``f(theta + mu D_j)`` and ``f(theta - mu D_j)`` for each probe, then back to theta."""
+  out: list[Pass] = []
+  for j in range(num_probes):
+    out += [(j, 1.0, True), (j, -2.0, True), (j, 1.0, False)]
+  return tuple(out)
+
+
+def one_sided(num_probes: int) -> tuple[Pass, ...]:
+  """``f(theta + mu D_j)`` for each probe, then back to theta."""
+  out: list[Pass] = []
+  for j in range(num_probes):
+    out += [(j, 1.0, True), (j, -1.0, False)]
+  return tuple(out)
+
+
+def tangents(num_probes: int) -> tuple[Pass, ...]:
+  """One directional derivative along ``D_j`` per probe (``measure = "jvp"``)."""
+  return tuple((j, 0.0, True) for j in range(num_probes))
+
+
+def measured_offsets(passes: tuple[Pass, ...]) -> tuple[tuple[int, float], ...]:
+  """``(probe, offset)`` of each measuring pass: where the params stand, in units of
+  ``mu D_probe``, when it measures (the running sum of the probe's coefficients)."""
+  offset: dict[int, float] = {}
+  out = []
+  for j, c, measures in passes:
+    offset[j] = offset.get(j, 0.0) + c
+    if measures:
+      out.append((j, offset[j]))
+  return tuple(out)
+
+
+class Measured(NamedTuple):
+  """The losses of one step.
+
+  Attributes:
+    center: ``l0 = f(theta)`` (zero when the step does not measure it).
+    values: one value per measuring pass of :attr:`Method.passes`, in order (a loss, or a
+      directional derivative for ``measure = "jvp"``); passes not yet run are zero.
+  """
+
+  center: jax.Array
+  values: jax.Array
+
+
+@dataclasses.dataclass
+class StepNoise:
+  """The noise of one step: probe ``j``'s perturbation of leaf ``i``, regenerated on demand.
+
+  Attributes:
+    sampler: the method's sampler.
+    noise_key: the step's noise key (the probes' keys fold their index into it).
+    leaves: the params' leaves (their shapes group the noise, see DirectionWords).
+    lean: the estimate runs in the engine's final pass: draws that would otherwise be
+      shared between two uses are drawn twice (``after``) so that XLA stores neither.
+    prepared: what :meth:`Method.prepare` computed from the unperturbed params at the
+      start of the step (e.g. Sparse MeZO's packed masks); None for most methods.
+  """
+
+  sampler: sampling.Sampler
+  noise_key: jax.Array
+  leaves: list
+  lean: bool = False
+  prepared: Any = None
+
+  def __post_init__(self):
+    self._words: dict[Any, sampling.DirectionWords] = {}
+
+  def fresh(self) -> StepNoise:
+    """The same noise with an empty cache of words (for use inside another trace, such as
+    a loop body: cached words hold values of the trace that drew them)."""
+    return StepNoise(self.sampler, self.noise_key, self.leaves, self.lean, self.prepared)
+
+  def words(self, j: Any, after: Any = ()) -> sampling.DirectionWords:
+    key = j if isinstance(j, int) and not jax.tree.leaves(after) else None
+    if key is not None and key in self._words:
+      return self._words[key]
+    dkey = sampling.tie(sampling.direction_key(self.noise_key, j), after)
+    words = sampling.DirectionWords(dkey, len(self.leaves), self.leaves)
+    if key is not None:
+      self._words[key] = words
+    return words
+
+  def noise(self, j: Any, i: int, after: Any = ()) -> jax.Array:
+    """Leaf ``i``'s noise of probe ``j`` (in the leaf's noise dtype)."""
+    return self.words(j).noise(self.sampler, i, self.leaves[i], after)
+
+  def fn(self, j: Any, i: int):
+    """``z(after=())``: leaf ``i``'s noise of probe ``j``, drawable again after ``after``."""
+    return lambda after=(): self.noise(j, i, after)
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """Base of every zeroth-order method (a frozen dataclass: static and hashable).
+
+  Subclasses set :attr:`name`, their static options as dataclass fields, and implement
+  :meth:`init`, :meth:`in_effect`, :meth:`displacement` and :meth:`estimate`. The numeric
+  options (which ``optax.inject_hyperparams`` may pass traced) are not fields: they reach
+  :meth:`in_effect` as the ``hyper`` dict.
+  """
+
+  name: ClassVar[str] = "method"
+  measure: ClassVar[str] = "loss"  # or "jvp"
+  cost_per_measure: ClassVar[int] = 1  # forward passes a measuring pass counts as
+  sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
+  key_impl: str = "threefry2x32"
+  num_probes: int = 1
+
+  @property
+  def passes(self) -> tuple[Pass, ...]:
+    return two_sided(self.num_probes)
+
+  @property
+  def num_measured(self) -> int:
+    return sum(1 for _, _, m in self.passes if m)
+
+  def check(self, hyper: dict[str, Any]) -> None:
+    """Refuses concrete bad numeric options (ValueError/TypeError naming the argument)."""
+
+  def init(self, params: Any, hyper: dict[str, Any]) -> Any:
+    """The method's own state (e.g. a Hessian estimate); ``()`` when it has none."""
+    del params, hyper
+    return ()
+
+  def prepare(self, leaves: list, state: Any, hyper: dict[str, jax.Array]) -> Any:
+    """What the step needs from the unperturbed params before any pass moves them (small:
+    it is carried through the engine's passes); None by default."""
+    del leaves, state, hyper
+    return None
+
+  def in_effect(self, hyper: dict[str, Any], count: jax.Array, params: Any,
+                state: Any) -> dict[str, jax.Array]:
+    """The numeric options in effect at step ``count``: a dict of arrays with fixed
+    shapes and dtypes, recorded in the transform's state. It must hold ``"mu"`` (the
+    perturbation scale applied, 0 when not usable) and ``"center"`` (a bool: measure
+    ``l0 = f(theta)`` first)."""
+    raise NotImplementedError
+
+  def displacement(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array], j: Any,
+                   measured: Measured, step: jax.Array, after: Any = ()) -> list:
+    """``step * D_j`` of every leaf (``step``: a scalar), in the leaves' noise dtype.
+
+    ``j`` may be traced (the engine's loop); ``measured`` then holds the values of the
+    passes run so far (a method whose directions depend on earlier probes, such as
+    HiZOO-multi's Hessian, replays them). ``after``: values the noise is ordered after
+    (see :func:`hizoo_jax._src.sampling.tie`).
+    """
+    raise NotImplementedError
+
+  def estimate(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array],
+               params: list, measured: Measured) -> tuple[list, Any, dict[str, jax.Array]]:
+    """``(g leaves, new state, stats)``: the estimate of each leaf (noise dtype), the
+    method's new state, and ``stats`` with ``"loss"`` (the step's logged loss) and
+    ``"skipped"`` (probes dropped because a value was not finite)."""
+    raise NotImplementedError
+
+
+def probe_values(method: Method, measured: Measured, dtype: Any) -> tuple[jax.Array, ...]:
+  """The measured values grouped per probe: ``(v[probe, 0], v[probe, 1], ...)`` for a
+  method whose probes all measure the same number of times (e.g. ``(l+, l-)``)."""
+  per = method.num_measured // method.num_probes
+  v = jnp.asarray(measured.values, dtype).reshape(method.num_probes, per)
+  return tuple(v[:, k] for k in range(per))
+
+
+def noise_zeros(leaves: list) -> list:
+  return [jnp.zeros(jnp.shape(p), sampling.noise_dtype(jnp.result_type(p))) for p in leaves]
+
+
+def scale_leaf(direction: jax.Array, scale: Any) -> jax.Array:
+  return direction if scale is None else scale.astype(direction.dtype) * direction
+
+
+def as_static_int(x: Any) -> int:
+  return int(np.asarray(x))

@@ -1,0 +1,1 @@
+"""The zeroth-order methods, one file each (see :mod:`hizoo_jax._src.method`)."""

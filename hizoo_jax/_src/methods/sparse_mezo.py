@@ -1,0 +1,127 @@
+"""Sparse MeZO: perturb and update only the small-magnitude weights of each matrix.
+
+One step (Liu et al., "Sparse MeZO: Less Parameters for Better Performance in
+Zeroth-Order LLM Fine-Tuning", NeurIPS 2025)::
+
+    m     = |theta| <= h                 per weight matrix, from the current params
+    l+-   = f(theta +- mu (m * z))
+    g     = (l+ - l-) / (2 mu) * (m * z)
+
+The thresholds ``h`` (one scalar per matrix) are set once, at ``init``, from the params
+then (the pretrained weights): the ``(1 - sparsity)`` quantile of ``|theta|``, so that a
+``sparsity`` of 0.8 perturbs the 20% smallest-magnitude weights of each matrix (the
+paper's convention; its best setting on most tasks). The mask itself is recomputed from
+the params at every step and never stored between steps (the paper's dynamic mask).
+Leaves with fewer than two dimensions (biases, norms) are perturbed whole: the paper
+masks weight matrices, and a magnitude mask means little for a norm's scale near 1.
+
+The engine moves the params in place, so by the second pass ``|theta|`` has changed
+where the first pass moved it. The mask of the step is therefore computed once, before
+the first pass (:meth:`SparseMeZO.prepare`), and carried through the passes bit-packed:
+32 elements a ``uint32`` word (1/32 of a float32 leaf's bytes), or a byte per element for
+a leaf whose size is not a multiple of 32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hizoo_jax._src import config as cfg
+from hizoo_jax._src import method as m
+from hizoo_jax._src.methods import spsa
+
+_BITS = 32
+
+
+class SparseMeZOState(NamedTuple):
+  """Sparse MeZO's state: one magnitude threshold per masked leaf (``inf``: not masked)."""
+
+  thresholds: jax.Array
+
+
+def _masked(leaf) -> bool:
+  return jnp.ndim(leaf) >= 2
+
+
+def pack(mask: jax.Array) -> jax.Array:
+  """A boolean leaf as ``uint32`` words of 32 elements (row-major), or ``uint8`` bytes when
+  its size is not a multiple of 32."""
+  if mask.size % _BITS:
+    return mask.astype(jnp.uint8)
+  bits = mask.reshape(-1, _BITS).astype(jnp.uint32)
+  return jnp.sum(bits << jnp.arange(_BITS, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
+
+
+def unpack(packed: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """The boolean leaf of :func:`pack`."""
+  if packed.dtype == jnp.uint8:
+    return packed.astype(bool).reshape(shape)
+  bits = (packed[:, None] >> jnp.arange(_BITS, dtype=jnp.uint32)) & 1
+  return bits.astype(bool).reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseMeZO(m.Method):
+  """Sparse MeZO's method object: ``D = m * z`` with ``m`` the step's magnitude mask."""
+
+  name = "sparse_mezo"
+
+  def check(self, hyper):
+    spsa.check_mu(hyper)
+    s = cfg.concrete(hyper["sparsity"])
+    if s is not None and (s.ndim != 0 or not np.isfinite(s) or not 0 <= s < 1):
+      raise ValueError(f"sparsity must be a float in [0, 1), got {hyper['sparsity']!r}")
+
+  def init(self, params, hyper):
+    s = cfg.concrete(hyper["sparsity"])
+    if s is None:
+      raise TypeError("sparsity must be concrete at init (it sets the thresholds); under "
+                      "optax.inject_hyperparams list it in static_args")
+    q = 1.0 - float(s)
+    h = [jnp.quantile(jnp.abs(jnp.asarray(p, jnp.float32)).ravel(), q) if _masked(p)
+         else jnp.asarray(jnp.inf, jnp.float32) for p in jax.tree.leaves(params)]
+    return SparseMeZOState(thresholds=jnp.stack(h) if h else jnp.zeros([0], jnp.float32))
+
+  def in_effect(self, hyper, count, params, state):
+    return {**spsa.mu_in_effect(hyper, params), "center": jnp.asarray(False)}
+
+  def prepare(self, leaves, state, hyper):
+    if state.thresholds.shape[0] != len(leaves):
+      raise ValueError(f"the Sparse MeZO state has {state.thresholds.shape[0]} thresholds "
+                       f"but the params have {len(leaves)} leaves: is the optimizer state "
+                       "from another model?")
+    return [pack(jnp.abs(jnp.asarray(p, jnp.float32)) <= state.thresholds[i])
+            if _masked(p) else None for i, p in enumerate(leaves)]
+
+  def _masked_noise(self, noise, words, i, p):
+    z = words.noise(noise.sampler, i, p)
+    packed = noise.prepared[i]
+    if packed is None:
+      return z
+    return jnp.where(unpack(packed, z.shape), z, jnp.zeros((), z.dtype))
+
+  def displacement(self, noise, state, hyper, j, measured, step, after=()):
+    words = noise.words(j, after)
+    return [step.astype(d.dtype) * d for d in
+            (self._masked_noise(noise, words, i, p) for i, p in enumerate(noise.leaves))]
+
+  def estimate(self, noise, state, hyper, params, measured):
+    dtype = measured.values.dtype
+    lp, lm = m.probe_values(self, measured, dtype)
+    g = m.noise_zeros(params)
+    n_valid = jnp.zeros((), jnp.int32)
+    for j in range(self.num_probes):
+      proj, finite = spsa.projections(hyper, lp[j], lm[j], dtype)
+      proj = jax.lax.optimization_barrier(proj)
+      words = noise.words(j)
+      g = [a + proj.astype(a.dtype) * self._masked_noise(noise, words, i, p)
+           for i, (a, p) in enumerate(zip(g, params, strict=True))]
+      n_valid = n_valid + finite.astype(jnp.int32)
+    denom = jnp.maximum(n_valid, 1)
+    g = [a / denom.astype(a.dtype) for a in g]
+    return g, state, dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid)
