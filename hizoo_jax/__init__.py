@@ -7,9 +7,10 @@
     params = optax.apply_updates(params, updates)
 """
 
-from hizoo_jax import presets
+from hizoo_jax import method, presets
 from hizoo_jax._src.alias import forward_gradient, fzoo, hizoo, hizoo_l, mezo, sparse_mezo
 from hizoo_jax._src.curvature import FactoredHessian
+from hizoo_jax._src.global_rms import GlobalRMSState, scale_by_global_rms
 from hizoo_jax._src.sampling import (
     Sampler,
     fast_gaussian,
@@ -34,6 +35,7 @@ __version__ = "0.3.0"
 
 __all__ = [
     "FactoredHessian",
+    "GlobalRMSState",
     "HiZOOState",
     "Sampler",
     "ZOState",
@@ -46,11 +48,13 @@ __all__ = [
     "hizoo",
     "hizoo_l",
     "make_train_step",
+    "method",
     "mezo",
     "presets",
     "rademacher",
     "scale_by_forward_gradient",
     "scale_by_fzoo",
+    "scale_by_global_rms",
     "scale_by_hizoo",
     "scale_by_sparse_mezo",
     "scale_by_zo",
