@@ -255,10 +255,14 @@ def test_the_step_keeps_no_params_sized_temporary(name, monkeypatch):
   state = tx.init(params)
   step = hz.make_train_step(tx, loss_fn)
   user = jax.jit(lambda p, s: step(p, s, x, y), donate_argnums=(0, 1))
+  # Several probes: HiZOO-L also holds the blocks of its replayed factored updates; HiZOO
+  # one copy of H (its final pass reads the stored H for the estimate while it writes
+  # the new H in place; docs/guides/methods.md).
+  bound = {"hizoo_multi": 1.1, "hizoo_l_multi": 0.1}.get(name, 0.05)
   for where, lowered in (("top level", step.lower(params, state, x, y)),
                          ("in a user's jit", user.lower(params, state))):
     extra = (transient(lowered) - fwd) / nbytes
-    assert extra <= 0.05, (where, extra)
+    assert extra <= bound, (where, extra)
 
 
 def test_nnx_optimizer_gets_the_lean_step_inside_nnx_jit():
