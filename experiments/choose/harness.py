@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -408,4 +409,5 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       "date": time.strftime("%Y-%m-%d %H:%M"),
   }
   _atomic_json(result_path(cfg, results), out)
+  shutil.rmtree(cdir, ignore_errors=True)  # finished: its result file is all that is kept
   return out

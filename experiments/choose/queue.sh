@@ -26,6 +26,8 @@ tables=()
 for t in "$@"; do tables+=(--table "$t"); done
 cd "$snap"
 export CHOOSE_HIZOO_COMMIT="$commit"
+# the snapshot lives elsewhere: point the SST-2 task at this checkout's data
+export HIZOO_SST2_DIR="${HIZOO_SST2_DIR:-$(cd "$root/.." && pwd)/shared/data/sst2}"
 export XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1}"
 nohup nice -n 15 "$py" -m experiments.choose.run "${tables[@]}" \
   --results "$here/results" --ckpts "$here/ckpt" >> "$here/logs/$1.log" 2>&1 &
