@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import optax
 
-from hizoo_jax._src import transform
+from hizoo_jax._src import guard, transform
 
 ScalarOrSchedule = float | jax.Array | optax.Schedule
 
@@ -35,12 +35,17 @@ def _signature(options, drop=()):
 
 
 def _with_decay_and_lr(estimate, learning_rate, weight_decay, weight_decay_mask):
+  # A NaN, infinite or negative learning rate or weight decay would cost the params: refused
+  # here when concrete, the step skipped (and counted) when traced or scheduled (guard.py).
+  guard.check_nonnegative("learning_rate", learning_rate)
+  guard.check_nonnegative("weight_decay", weight_decay)
   parts = [estimate]
   # A literal 0 adds nothing; an array (e.g. under inject_hyperparams) is kept.
   if not (isinstance(weight_decay, int | float) and weight_decay == 0):
     parts.append(optax.add_decayed_weights(weight_decay, weight_decay_mask))
   parts.append(optax.scale_by_learning_rate(learning_rate))
-  return optax.chain(*parts)
+  return guard.guarded_chain(
+      parts, {"learning_rate": learning_rate, "weight_decay": weight_decay})
 
 
 def mezo(
@@ -215,4 +220,61 @@ sparse_mezo = _alias(
 
   References:
     Liu et al., NeurIPS 2025.
+  """)
+
+
+lozo = _alias(
+    "lozo", transform.scale_by_lozo,
+    """LOZO / LOZO-M: low-rank ``U V^T`` perturbations per matrix.
+
+  ``theta <- theta - lr * (g + weight_decay * theta)`` with ``g`` the estimate of
+  :func:`hizoo_jax.scale_by_lozo` (``momentum > 0``: LOZO-M's factor-space momentum).
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    weight_decay: L2 coefficient added to the estimate.
+    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
+    **options: ``mu``, ``rank``, ``resample_every``, ``momentum``, ``sampler``, ``seed``.
+
+  References:
+    Chen et al., ICLR 2025.
+  """)
+
+
+subzero = _alias(
+    "subzero", transform.scale_by_subzero,
+    """SubZero: SPSA in random orthonormal subspaces of each matrix.
+
+  ``theta <- theta - lr * (g + weight_decay * theta)`` with ``g`` the estimate of
+  :func:`hizoo_jax.scale_by_subzero`.
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    weight_decay: L2 coefficient added to the estimate.
+    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
+    **options: ``mu``, ``rank``, ``resample_every``, ``num_directions``, ``sampler``,
+      ``seed``.
+
+  References:
+    Yu et al., ICCV 2025.
+  """)
+
+
+zo_muon = _alias(
+    "zo_muon", transform.scale_by_zo_muon,
+    """ZO-Muon: subspace probes and a Newton-Schulz-orthogonalised step.
+
+  ``theta <- theta - lr * (g + weight_decay * theta)`` with ``g`` the estimate of
+  :func:`hizoo_jax.scale_by_zo_muon` (orthogonalised per matrix: the learning rate is a
+  step length, 1e-2 in the reference README for OPT-13B).
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    weight_decay: L2 coefficient added to the estimate.
+    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
+    **options: ``mu``, ``rank``, ``num_directions``, ``resample_every``, ``vector_scale``,
+      ``sampler``, ``seed``.
+
+  References:
+    arXiv 2602.17155, 2026.
   """)
