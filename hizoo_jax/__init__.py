@@ -8,7 +8,17 @@
 """
 
 from hizoo_jax import method, presets
-from hizoo_jax._src.alias import forward_gradient, fzoo, hizoo, hizoo_l, mezo, sparse_mezo
+from hizoo_jax._src.alias import (
+    forward_gradient,
+    fzoo,
+    hizoo,
+    hizoo_l,
+    lozo,
+    mezo,
+    sparse_mezo,
+    subzero,
+    zo_muon,
+)
 from hizoo_jax._src.curvature import FactoredHessian
 from hizoo_jax._src.global_rms import GlobalRMSState, scale_by_global_rms
 from hizoo_jax._src.sampling import (
@@ -27,8 +37,11 @@ from hizoo_jax._src.transform import (
     scale_by_forward_gradient,
     scale_by_fzoo,
     scale_by_hizoo,
+    scale_by_lozo,
     scale_by_sparse_mezo,
+    scale_by_subzero,
     scale_by_zo,
+    scale_by_zo_muon,
 )
 
 __version__ = "0.3.0"
@@ -47,6 +60,7 @@ __all__ = [
     "get_hessian",
     "hizoo",
     "hizoo_l",
+    "lozo",
     "make_train_step",
     "method",
     "mezo",
@@ -56,9 +70,14 @@ __all__ = [
     "scale_by_fzoo",
     "scale_by_global_rms",
     "scale_by_hizoo",
+    "scale_by_lozo",
     "scale_by_sparse_mezo",
+    "scale_by_subzero",
     "scale_by_zo",
+    "scale_by_zo_muon",
     "shard_state",
     "sparse_mezo",
     "state_shardings",
+    "subzero",
+    "zo_muon",
 ]

@@ -42,14 +42,18 @@ from hizoo_jax._src import numerics, sampling
 from hizoo_jax._src.methods import forward_gradient as fg_method
 from hizoo_jax._src.methods import fzoo as fzoo_method
 from hizoo_jax._src.methods import hizoo as hizoo_method
+from hizoo_jax._src.methods import lozo as lozo_method
 from hizoo_jax._src.methods import sparse_mezo as sparse_method
 from hizoo_jax._src.methods import spsa
+from hizoo_jax._src.methods import subzero as subzero_method
+from hizoo_jax._src.methods import zo_muon as zo_muon_method
 from hizoo_jax._src.methods.hizoo import HiZOOState
 
 ScalarOrSchedule = float | jax.Array | optax.Schedule
 
 __all__ = ["HiZOOState", "ZOState", "get_hessian", "scale_by_forward_gradient",
-           "scale_by_fzoo", "scale_by_hizoo", "scale_by_sparse_mezo", "scale_by_zo", "zo_transform"]
+           "scale_by_fzoo", "scale_by_hizoo", "scale_by_lozo", "scale_by_sparse_mezo",
+           "scale_by_subzero", "scale_by_zo_muon", "scale_by_zo", "zo_transform"]
 
 
 class ZOState(NamedTuple):
@@ -557,6 +561,134 @@ def scale_by_sparse_mezo(
                                     num_probes=_probes(num_directions))
   return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution, sparsity=sparsity),
                       seed)
+
+
+def scale_by_lozo(
+    mu: float = 1e-3,
+    *,
+    rank: int = 2,
+    resample_every: int = 50,
+    momentum: float = 0.0,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""LOZO's low-rank SPSA estimate (LOZO-M with ``momentum > 0``).
+
+  Each matrix leaf is perturbed along ``Z = U V^T`` (``U [m, r]`` fresh every step, ``V
+  [n, r]`` redrawn every ``resample_every`` steps), vectors along a full Gaussian ``z``;
+  ``g = c Z`` with ``c = (l+ - l-) / (2 mu)``. With ``momentum = beta`` the estimate is
+  ``M V^T`` for a momentum ``M = beta M + (1 - beta) c U`` kept in the ``[m, r]`` factor
+  space (vectors: a leaf-sized momentum), carried over to a redrawn ``V`` as
+  ``M V_old^T V / n``. Two forward passes a step; the perturbation is formed inside the
+  passes, never stored at params size.
+
+  Args:
+    mu: perturbation scale (> 0); the reference code's ``1e-3``.
+    rank: ``r`` (clipped to each matrix's smaller dimension); the reference code's 2.
+    resample_every: steps between redraws of ``V`` (``nu``); the reference code's 50.
+    momentum: LOZO-M's ``beta`` in [0, 1); 0 is LOZO. The reference scripts use 0.9.
+    mu_resolution: as in :func:`scale_by_zo`.
+    sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`); the
+      factors are Gaussian.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Chen et al., "Enhancing Zeroth-Order Fine-Tuning for Language Models with Low-Rank
+    Structures", ICLR 2025.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  method = lozo_method.LOZO(sampler=sampler, key_impl=cfg.key_impl_of(seed), num_probes=1,
+                            rank=_static_int("rank", rank), momentum=float(momentum))
+  return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
+                                   resample_every=resample_every), seed)
+
+
+def scale_by_subzero(
+    mu: float = 1e-3,
+    *,
+    rank: int = 8,
+    resample_every: int = 2000,
+    num_directions: int = 1,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""SubZero's SPSA estimate in random orthonormal subspaces.
+
+  Each matrix leaf is perturbed along ``Z = sqrt(m n) / r * U Z0 V^T`` with orthonormal
+  ``U [m, r]``, ``V [n, r]`` (QR of Gaussians, redrawn every ``resample_every`` steps) and
+  a fresh ``Z0 [r, r]`` every step; vectors along a full Gaussian ``z``. ``g = c Z``, two
+  forward passes a probe.
+
+  Args:
+    mu: perturbation scale (> 0); the reference code's ``1e-3``.
+    rank: ``r`` (clipped to each matrix's smaller dimension); the reference code's 8.
+    resample_every: steps between redraws of ``U`` and ``V``; the reference code's 2000.
+    num_directions: probes averaged per step.
+    mu_resolution: as in :func:`scale_by_zo`.
+    sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`).
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Yu et al., "Zeroth-Order Fine-Tuning of LLMs in Random Subspaces", ICCV 2025.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  method = subzero_method.SubZero(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                                  num_probes=_probes(num_directions),
+                                  rank=_static_int("rank", rank))
+  return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
+                                   resample_every=resample_every), seed)
+
+
+def scale_by_zo_muon(
+    mu: float = 1e-3,
+    *,
+    rank: int = 64,
+    num_directions: int = 4,
+    resample_every: int = 100,
+    vector_scale: float = 1e-5,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""ZO-Muon's orthogonalised subspace estimate.
+
+  Per matrix leaf, with a Haar-orthonormal ``P [m, r]`` (redrawn every ``resample_every``
+  steps) and ``q`` one-sided probes ``l_i = f(theta + mu P u_i)``, ``u_i [r, n]``:
+  ``g = P NS5(R)``, ``R = 1/q sum_i (l_i - l0) / mu u_i``, with Muon's Newton-Schulz
+  orthogonalisation ``NS5`` of the small ``r x n`` estimate. Vectors get ``vector_scale``
+  times the one-sided estimate. ``q + 1`` forward passes a step.
+
+  Args:
+    mu: perturbation scale (> 0); the reference code's ``1e-3``.
+    rank: ``r`` (clipped to each matrix's smaller dimension); the reference README's 64.
+    num_directions: probes ``q``; the reference's 4.
+    resample_every: steps between redraws of ``P``; the reference README's 100.
+    vector_scale: the vectors' estimate relative to the matrices' (the reference's
+      vector learning rate 1e-7 over its matrix learning rate 1e-2).
+    mu_resolution: as in :func:`scale_by_zo`.
+    sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`).
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    ZO-Muon, arXiv 2602.17155, 2026; Jordan et al., Muon (2024), for Newton-Schulz.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  method = zo_muon_method.ZOMuon(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                                 num_probes=_probes(num_directions),
+                                 rank=_static_int("rank", rank),
+                                 vector_scale=float(vector_scale))
+  return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
+                                   resample_every=resample_every), seed)
+
+
+def _static_int(name: str, value: Any) -> int:
+  v = cfg.check_int(name, value, 1)
+  if v is None:
+    raise TypeError(f"{name} must be a concrete int (it shapes the state); under "
+                    f"optax.inject_hyperparams list it in static_args")
+  return v
 
 
 HIZOO_OPTIONS: tuple[inspect.Parameter, ...] = tuple(

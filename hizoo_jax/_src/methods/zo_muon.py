@@ -1,0 +1,133 @@
+"""ZO-Muon: one-sided probes in a random subspace, the subspace estimate orthogonalised.
+
+One step with ``q`` probes (arXiv 2602.17155, 2026; the reference code OPTML-Group/ZO-Muon)::
+
+    P     = Haar-orthonormal [m, r] every nu-th step (QR of a Gaussian, sign-fixed), stored
+    l0    = f(theta)
+    l_i   = f(theta + mu P u_i),  u_i ~ N(0, 1) [r, n]      (vectors: a full Gaussian z_i)
+    R     = 1/q sum_i (l_i - l0) / mu * u_i                  [r, n]
+    g     = P NS5(R)                                        (vectors: s/q sum_i (l_i - l0)/mu z_i)
+
+``NS5`` is Muon's quintic Newton-Schulz iteration (5 steps, coefficients (3.4445, -4.7750,
+2.0315), on ``R / (|R|_F + 1e-7)``): an approximate orthogonalisation of the small
+``r x n`` estimate, computed per matrix in float32 (it never touches a params-sized
+array). ``q + 1`` forward passes a step.
+
+Vectors (biases, norms): the reference code updates them with the one-sided estimate at a
+hard-coded learning rate of 1e-7 while the matrices use the user's (1e-2 in its README):
+here their estimate is multiplied by ``vector_scale`` (default ``1e-5``, that ratio), so the
+learning rate applies to both. Unlike the reference code, one ``P`` serves every probe of
+a refresh step (the reference draws a new ``P`` for each probe on those steps and
+updates with the last one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from hizoo_jax._src import config as cfg
+from hizoo_jax._src import method as m
+from hizoo_jax._src.methods import lowrank as lr
+from hizoo_jax._src.methods import spsa
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+
+
+def newton_schulz(r: jax.Array, steps: int = NS_STEPS, eps: float = 1e-7) -> jax.Array:
+  """Muon's quintic Newton-Schulz orthogonalisation of ``r [..., a, b]`` (float32)."""
+  a, b, c = NS_COEFFS
+  x = r.astype(jnp.float32)
+  x = x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + eps)
+  wide = x.shape[-2] <= x.shape[-1]
+  if not wide:
+    x = jnp.swapaxes(x, -1, -2)
+  for _ in range(steps):
+    s = x @ jnp.swapaxes(x, -1, -2)
+    x = a * x + (b * s + c * (s @ s)) @ x
+  return x if wide else jnp.swapaxes(x, -1, -2)
+
+
+class ZOMuonState(NamedTuple):
+  """ZO-Muon's projector ``P [..., m, r]`` per matrix leaf (None for vectors)."""
+
+  p: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class ZOMuon(m.Method):
+  """ZO-Muon's method object."""
+
+  name = "zo_muon"
+  rank: int = 64
+  num_probes: int = 4
+  vector_scale: float = 1e-5
+
+  @property
+  def passes(self):
+    return m.one_sided(self.num_probes)
+
+  def check(self, hyper):
+    spsa.check_mu(hyper)
+    cfg.check_int("rank", self.rank, 1)
+    cfg.check_int("resample_every", hyper["resample_every"], 1)
+    cfg.check_nonnegative("vector_scale", self.vector_scale)
+
+  def _shapes(self, p):
+    shape, r = jnp.shape(p), lr.rank_of(p, self.rank)
+    return shape[:-1] + (r,), shape[:-2] + (shape[-1], r)  # P, u_i^T
+
+  def init(self, params, hyper):
+    return ZOMuonState(p=tuple(jnp.zeros(self._shapes(x)[0], jnp.float32)
+                               if lr.is_matrix(x) else None for x in jax.tree.leaves(params)))
+
+  def in_effect(self, hyper, count, params, state):
+    return {**spsa.mu_in_effect(hyper, params), "center": jnp.asarray(True),
+            "resample": lr.every(hyper["resample_every"], count)}
+
+  def _projector(self, noise, state, hyper, i, x):
+    fresh = lr.orthonormal(lr.resampled(noise.noise_key, i, self._shapes(x)[0]),
+                           sign_fix=True)
+    return jnp.where(hyper["resample"], fresh, state.p[i])
+
+  def displacement(self, noise, state, hyper, j, measured, step, after=()):
+    words = noise.words(j, after)
+    out = []
+    for i, x in enumerate(noise.leaves):
+      if lr.is_matrix(x):
+        proj = self._projector(noise, state, hyper, i, x)
+        d = lr.outer(proj, lr.leaf_factor(words, i, self._shapes(x)[1]))
+      else:
+        d = words.noise(noise.sampler, i, x)
+      out.append(step.astype(d.dtype) * d)
+    return out
+
+  def estimate(self, noise, state, hyper, params, measured):
+    dtype = measured.values.dtype
+    l0 = jnp.asarray(measured.center, dtype)
+    mu = hyper["mu"].astype(dtype)
+    finite = jnp.isfinite(measured.values) & jnp.isfinite(l0) & hyper["mu_ok"]
+    n = jnp.sum(finite.astype(jnp.int32))
+    coefs = jnp.where(finite, (measured.values - l0) / mu, 0) / jnp.maximum(n, 1)
+    coefs = jax.lax.optimization_barrier(coefs).astype(jnp.float32)
+    g, new_p = [], []
+    for i, x in enumerate(params):
+      if lr.is_matrix(x):
+        proj = self._projector(noise, state, hyper, i, x)
+        new_p.append(proj)
+        r_t = sum(coefs[j] * lr.leaf_factor(noise.words(j), i, self._shapes(x)[1])
+                  for j in range(self.num_probes))  # R^T [..., n, r]
+        ortho = jnp.swapaxes(newton_schulz(jnp.swapaxes(r_t, -1, -2)), -1, -2)
+        g.append(jnp.where(n > 0, lr.outer(proj, ortho), 0))
+      else:
+        new_p.append(None)
+        acc = m.noise_zeros([x])[0]
+        for j in range(self.num_probes):
+          acc = acc + (self.vector_scale * coefs[j]).astype(acc.dtype) * noise.words(j).noise(
+              noise.sampler, i, x)
+        g.append(acc)
+    return g, ZOMuonState(p=tuple(new_p)), dict(loss=l0, skipped=self.num_probes - n)
