@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import optax
 
-from hizoo_jax._src import transform
+from hizoo_jax._src import guard, transform
 
 ScalarOrSchedule = float | jax.Array | optax.Schedule
 
@@ -35,12 +35,17 @@ def _signature(options, drop=()):
 
 
 def _with_decay_and_lr(estimate, learning_rate, weight_decay, weight_decay_mask):
+  # A NaN, infinite or negative learning rate or weight decay would cost the params: refused
+  # here when concrete, the step skipped (and counted) when traced or scheduled (guard.py).
+  guard.check_nonnegative("learning_rate", learning_rate)
+  guard.check_nonnegative("weight_decay", weight_decay)
   parts = [estimate]
   # A literal 0 adds nothing; an array (e.g. under inject_hyperparams) is kept.
   if not (isinstance(weight_decay, int | float) and weight_decay == 0):
     parts.append(optax.add_decayed_weights(weight_decay, weight_decay_mask))
   parts.append(optax.scale_by_learning_rate(learning_rate))
-  return optax.chain(*parts)
+  return guard.guarded_chain(
+      parts, {"learning_rate": learning_rate, "weight_decay": weight_decay})
 
 
 def mezo(
