@@ -53,7 +53,7 @@ def test_a_user_method_is_exact_in_both_paths():
       g = jax.tree.map(np.zeros_like, p)
       for z in zs:
         lj = f(jax.tree.map(lambda a, b: a + mu * b, p, z))
-        g = jax.tree.map(lambda a, b, lj=lj: a + (lj - l0) / mu / 3 * b, g, z)
+        g = jax.tree.map(lambda a, b, lj=lj, l0=l0: a + (lj - l0) / mu / 3 * b, g, z)
       p = jax.tree.map(lambda a, b: a - lr * b, p, g)
     return p
 

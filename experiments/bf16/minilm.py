@@ -56,7 +56,8 @@ def run(dtype, args, ids, mask, labels):
                       for v in jax.tree.leaves(hz.get_hessian(state))])
   return dict(dtype=str(jnp.dtype(dtype)), final_loss=float(np.mean(losses[-50:])),
               first_loss=float(np.mean(losses[:10])), median_h=float(np.median(h)),
-              mu=float(state[0].mu), seconds_per_step=(time.perf_counter() - t0) / args.steps)
+              mu=float(state[0].hyper["mu"]),
+              seconds_per_step=(time.perf_counter() - t0) / args.steps)
 
 
 def main():

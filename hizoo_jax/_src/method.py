@@ -208,8 +208,9 @@ class Method:
   def estimate(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array],
                params: list, measured: Measured) -> tuple[list, Any, dict[str, jax.Array]]:
     """``(g leaves, new state, stats)``: the estimate of each leaf (noise dtype), the
-    method's new state, and ``stats`` with ``"loss"`` (the step's logged loss) and
-    ``"skipped"`` (probes dropped because a value was not finite)."""
+    method's new state, and ``stats`` with ``"loss"`` (the step's logged loss),
+    ``"skipped"`` (probes dropped because a value was not finite) and ``"projected"``
+    (the mean directional-derivative estimate of the valid probes)."""
     raise NotImplementedError
 
 

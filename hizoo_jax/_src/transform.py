@@ -70,6 +70,9 @@ class ZOState(NamedTuple):
     losses: the values of the step's measuring passes, in order (two-sided methods:
       ``l+_1, l-_1, l+_2, ...``).
     skipped_directions: probes dropped so far because a value was not finite.
+    projected: the step's directional-derivative estimate, averaged over its probes (MeZO:
+      ``(l+ - l-) / (2 mu)``; for a zeroth-order run it stands where a first-order run
+      logs a gradient norm: ``E[projected^2] = |grad f|^2`` for Gaussian SPSA).
     hyper: the numeric options in effect at the last step (``mu`` as applied, ...).
     method: the method's own state (e.g. :class:`HiZOOState`; ``()`` for MeZO).
   """
@@ -80,6 +83,7 @@ class ZOState(NamedTuple):
   loss: jax.Array
   losses: jax.Array
   skipped_directions: jax.Array
+  projected: jax.Array
   hyper: dict
   method: Any
 
@@ -162,6 +166,7 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
         loss=jnp.zeros([], dtype),
         losses=jnp.zeros([method_.num_measured], dtype),
         skipped_directions=jnp.zeros([], jnp.int32),
+        projected=jnp.zeros([], dtype),
         # copies: an injected hyperparameter may come back as the very array the wrapper
         # holds, and one buffer twice in a state cannot be donated.
         hyper=jax.tree.map(lambda x: jnp.array(x, copy=True),
@@ -211,6 +216,7 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
         loss=stats["loss"].astype(dtype),
         losses=measured.values.astype(dtype),
         skipped_directions=state.skipped_directions + stats["skipped"],
+        projected=stats["projected"].astype(dtype),
         hyper=in_effect,
         method=method_state,
     )

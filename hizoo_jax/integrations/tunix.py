@@ -44,7 +44,7 @@ import hizoo_jax as hz
 from hizoo_jax.models import peft
 
 ZO_METRIC = "zo_projected_grad"
-_ZO_STATES = (hz.ZOState, hz.HiZOOState)
+_ZO_STATES = (hz.ZOState,)
 _RESTORE_MODES = ("auto", "inplace", "exact")
 
 _NO_ZO = (
@@ -55,7 +55,7 @@ _NO_ZO = (
 
 
 def zo_states(opt_state: Any) -> list[Any]:
-  """The zeroth-order transforms' states (``hz.ZOState`` / ``hz.HiZOOState``) in
+  """The zeroth-order transforms' states (``hz.ZOState``) in
   ``opt_state``, in tree order; empty for an optimizer without one.
 
   Args:
@@ -69,8 +69,8 @@ def zo_states(opt_state: Any) -> list[Any]:
 
 
 def projected_gradient(opt_state: Any) -> jax.Array:
-  """The last step's directional derivative ``(l+ - l-) / (2 mu)``, averaged over its
-  directions, read from the first zeroth-order state in ``opt_state``.
+  """The last step's directional-derivative estimate (MeZO: ``(l+ - l-) / (2 mu)``),
+  averaged over its probes, read from the first zeroth-order state in ``opt_state``.
 
   Args:
     opt_state: an optimizer state after a zeroth-order step.
@@ -79,8 +79,7 @@ def projected_gradient(opt_state: Any) -> jax.Array:
     A float32 scalar.
   """
   (st, *_) = zo_states(opt_state)
-  diff = (st.loss_plus - st.loss_minus).astype(jnp.float32)
-  return jnp.mean(diff / (2 * st.mu.astype(jnp.float32)))
+  return st.projected.astype(jnp.float32)
 
 
 def trainable_filter(model: nnx.Module) -> Any:

@@ -65,4 +65,5 @@ class ForwardGradient(m.Method):
     denom = jnp.maximum(n_valid, 1)
     g = [a / denom.astype(a.dtype) for a in g]
     return g, state, dict(loss=jnp.asarray(measured.center, d.dtype),
-                          skipped=self.num_probes - n_valid)
+                          skipped=self.num_probes - n_valid,
+                          projected=jnp.sum(coefs) / denom.astype(d.dtype))

@@ -83,4 +83,5 @@ class FZOO(m.Method):
       g = [a + coefs[j].astype(a.dtype) * words.noise(noise.sampler, i, p)
            for i, (a, p) in enumerate(zip(g, params, strict=True))]
     skipped = self.num_probes - jnp.where(ok, n, 0)
-    return g, state, dict(loss=l0, skipped=skipped)
+    projected = jnp.sum(jnp.where(finite, values - l0, 0)) / nf / hyper["mu"].astype(dtype)
+    return g, state, dict(loss=l0, skipped=skipped, projected=projected)

@@ -243,7 +243,8 @@ class HiZOO(m.Method):
     new_state = state._replace(
         hessian=hessian,
         skipped_hessian_updates=state.skipped_hessian_updates + n_skip_h)
-    return g, new_state, dict(loss=loss, skipped=self.num_probes - n_valid)
+    projected = sum(s[0] for s in scalars) / denom.astype(dtype)
+    return g, new_state, dict(loss=loss, skipped=self.num_probes - n_valid, projected=projected)
 
 
 def _leaves_of(hessian: Any, leaves: list) -> list:

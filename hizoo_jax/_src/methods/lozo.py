@@ -135,5 +135,6 @@ class LOZO(m.Method):
         new_m.append(mom)
         g.append(jnp.where(finite, mom, 0).astype(z.dtype))
     new_state = LOZOState(v=tuple(new_v), momentum=tuple(new_m) if self.momentum else ())
-    stats = dict(loss=(lp[0] + lm[0]) / 2, skipped=1 - finite.astype(jnp.int32))
+    stats = dict(loss=(lp[0] + lm[0]) / 2, skipped=1 - finite.astype(jnp.int32),
+                 projected=c.astype(dtype))
     return g, new_state, stats

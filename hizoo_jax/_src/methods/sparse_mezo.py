@@ -115,8 +115,10 @@ class SparseMeZO(m.Method):
     lp, lm = m.probe_values(self, measured, dtype)
     g = m.noise_zeros(params)
     n_valid = jnp.zeros((), jnp.int32)
+    total = jnp.zeros((), dtype)
     for j in range(self.num_probes):
       proj, finite = spsa.projections(hyper, lp[j], lm[j], dtype)
+      total = total + proj
       proj = jax.lax.optimization_barrier(proj)
       words = noise.words(j)
       g = [a + proj.astype(a.dtype) * self._masked_noise(noise, words, i, p)
@@ -124,4 +126,5 @@ class SparseMeZO(m.Method):
       n_valid = n_valid + finite.astype(jnp.int32)
     denom = jnp.maximum(n_valid, 1)
     g = [a / denom.astype(a.dtype) for a in g]
-    return g, state, dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid)
+    return g, state, dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid,
+                          projected=total / denom.astype(dtype))

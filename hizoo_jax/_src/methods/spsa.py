@@ -68,8 +68,10 @@ class SPSA(m.Method):
     lp, lm = m.probe_values(self, measured, dtype)
     g = m.noise_zeros(params)
     n_valid = jnp.zeros((), jnp.int32)
+    total = jnp.zeros((), dtype)
     for j in range(self.num_probes):
       proj, finite = projections(hyper, lp[j], lm[j], dtype)
+      total = total + proj
       # Materialised once: otherwise XLA copies this scalar logic into every leaf's fused
       # pass, which multiplies the compile time of models with many tensors.
       proj = jax.lax.optimization_barrier(proj)
@@ -79,5 +81,6 @@ class SPSA(m.Method):
       n_valid = n_valid + finite.astype(jnp.int32)
     denom = jnp.maximum(n_valid, 1)
     g = [a / denom.astype(a.dtype) for a in g]
-    stats = dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid)
+    stats = dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid,
+                 projected=total / denom.astype(dtype))
     return g, state, stats

@@ -94,8 +94,10 @@ class SubZero(m.Method):
     lp, lm = m.probe_values(self, measured, dtype)
     g = m.noise_zeros(params)
     n_valid = jnp.zeros((), jnp.int32)
+    total = jnp.zeros((), dtype)
     for j in range(self.num_probes):
       c, finite = spsa.projections(hyper, lp[j], lm[j], dtype)
+      total = total + c
       c = jax.lax.optimization_barrier(c)
       words = noise.words(j)
       g = [a + c.astype(a.dtype) * self._direction(noise, state, hyper, words, i, p)
@@ -107,5 +109,6 @@ class SubZero(m.Method):
                  for i, p in enumerate(params)]
     new_state = SubZeroState(u=tuple(s[0] for s in subspaces),
                              v=tuple(s[1] for s in subspaces))
-    stats = dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid)
+    stats = dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid,
+                 projected=total / denom.astype(dtype))
     return g, new_state, stats

@@ -130,4 +130,5 @@ class ZOMuon(m.Method):
           acc = acc + (self.vector_scale * coefs[j]).astype(acc.dtype) * noise.words(j).noise(
               noise.sampler, i, x)
         g.append(acc)
-    return g, ZOMuonState(p=tuple(new_p)), dict(loss=l0, skipped=self.num_probes - n)
+    return g, ZOMuonState(p=tuple(new_p)), dict(loss=l0, skipped=self.num_probes - n,
+                                                projected=jnp.sum(coefs).astype(dtype))
