@@ -121,3 +121,22 @@ def test_hizoo_grid_runs_its_step_size_control(tmp_path):
   h = src["mean_h_trace"]["values"]
   assert float(sched(0)) == pytest.approx(0.1 / h[0], rel=1e-6)
   assert float(sched(10 ** 6)) == pytest.approx(0.1 / h[-1], rel=1e-6)
+
+
+def test_report_versus_baseline(tmp_path, monkeypatch):
+  from experiments.choose import report
+
+  res, ck = str(tmp_path / "r"), str(tmp_path / "c")
+  base = run.Grid("fa", "mezo", (-8,), ("constant",), (0,), 40, 20, widen=False, refine=False)
+  (hiz,) = run.hizoo_grids("fa", "hizoo", (-8,), ("constant",), (0,), 40, 20, (1e-3,))
+  hiz = dataclasses.replace(hiz, widen=False, refine=False)
+  monkeypatch.setitem(run.TABLES, "t_base", [base])
+  monkeypatch.setitem(run.TABLES, "t_hiz", [hiz])
+  for g in (base, hiz):
+    run.run_grid(g, results=res, ckpts=ck)
+  text = report.versus("t_hiz", "t_base", res)
+  rows = [line for line in text.splitlines() if line.startswith("| ")]
+  assert rows[1].startswith("| mezo constant (baseline) | 0.01 |") and "| 1.00 |" in rows[1]
+  assert rows[2].startswith("| hizoo_a0.001 constant |")
+  assert rows[3].startswith("|   control: MeZO, lr / mean H(t) of hizoo_a0.001 constant |")
+  assert "Selection pending" not in report.report("t_hiz", res, None)

@@ -1,6 +1,7 @@
 """Tables and plots of the "choosing a method" study from its result files (seconds).
 
     python -m experiments.choose.report --table digits_mezo     # Markdown to stdout + PNG
+    python -m experiments.choose.report --table digits_hizoo --versus digits_mezo
 
 For each grid and schedule of a table: every learning rate's final validation loss (mean
 over the seeds that finished; what tuning selects on), final training-set loss, test
@@ -10,6 +11,8 @@ widens it until it is). Then the tuned schedules against each other: each schedu
 run per seed and the forward passes it takes to reach the final training loss of the tuned
 baseline (the best schedule) of the same seed, as a paired ratio. The plot is the training
 loss against forward passes of each schedule's selected learning rate, one line per seed.
+``--versus BASELINE`` adds the table the issue asks for: every selected row (and HiZOO's
+step-size control) against the tuned baseline of the same task, paired by seed.
 """
 
 from __future__ import annotations
@@ -137,6 +140,71 @@ def compare_schedules(grid: run.Grid, bests: dict, results: str):
   return "\n".join(lines)
 
 
+def selected_runs(name: str, results: str, task: str | None = None) -> list:
+  """``[(label, lr, {seed: result})]``: every grid x schedule of table ``name`` (on ``task``,
+  if given) at its selected learning rate, each HiZOO grid followed by its step-size control;
+  grids whose selection is pending are left out."""
+  rows = []
+  for grid in run.TABLES[name]:
+    if task is not None and grid.task != task:
+      continue
+    for sch in grid.schedules:
+      best, _ = run.select(grid, sch, grid_exponents(grid, sch, results), results)
+      if best is None:
+        continue
+      label = f"{grid.method}{grid.tag} {sch}"
+      rows.append((label, run.lr_of(best),
+                   {s: run.load(grid.config(best, sch, s), results) for s in grid.seeds}))
+      if grid.control:
+        ctl = {s: run.load(grid.control_config(best, sch, s), results) for s in grid.seeds}
+        ctl = {s: r for s, r in ctl.items() if r is not None}
+        if ctl:
+          rows.append((f"  control: MeZO, lr / mean H(t) of {label}", run.lr_of(best), ctl))
+  return rows
+
+
+def versus(name: str, baseline: str, results: str) -> str:
+  """Every selected row of table ``name`` against the tuned baseline (the lowest mean
+  validation loss among table ``baseline``'s selected rows on the same task), paired by
+  seed: forward passes to reach the baseline's final training loss of the same seed, over
+  the baseline's forward passes."""
+  tasks_ = sorted({g.task for g in run.TABLES[name]})
+  out = []
+  for task in tasks_:
+    base_rows = selected_runs(baseline, results, task)
+    if not base_rows:
+      out.append(f"{task}: the baseline table {baseline} has no selection yet.")
+      continue
+    b_label, b_lr, b_runs = min(
+        base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
+    lines = [f"**{task}**: against the tuned baseline {b_label} at lr {b_lr:.3g} "
+             f"({baseline}). Ratio: forward passes to reach the baseline's final training "
+             "loss of the same seed over the baseline's forward passes (\"never\": not "
+             "within the budget).", "",
+             "| method | lr | val loss | train loss | test acc % | ratio per seed | "
+             "state bytes | s / forward pass |", "|---|---|---|---|---|---|---|---|"]
+    for label, lr, rs in [(f"{b_label} (baseline)", b_lr, b_runs),
+                          *selected_runs(name, results, task)]:
+      ratios = []
+      for s, r in sorted(rs.items()):
+        b = b_runs.get(s)
+        if r is None or b is None or b["final"]["train_loss"] is None:
+          ratios.append("—")
+          continue
+        hit = fp_to_reach(r, b["final"]["train_loss"])
+        ratios.append("never" if hit is None else f"{hit / b['forward_passes']:.2f}")
+      vals = [r for r in rs.values() if r is not None]
+      spf = [r["sec_per_fp"] for r in vals if r["sec_per_fp"]]
+      lines.append(
+          f"| {label} | {lr:.3g} | {_mean_sd([run.val_loss(r) for r in vals])} | "
+          f"{_mean_sd([r['final']['train_loss'] for r in vals])} | "
+          f"{_mean_sd([(r['test'] or {}).get('test_accuracy') for r in vals], '.1f', 100.0)}"
+          f" | {', '.join(ratios)} | {vals[0]['state_bytes'] if vals else '—'} | "
+          f"{_fmt(float(np.median(spf)) if spf else None, '.2e')} |")
+    out.append("\n".join(lines))
+  return "\n\n".join(out)
+
+
 def plot(grid: run.Grid, bests: dict, results: str, path: str) -> None:
   """Training-set loss against forward passes at each schedule's selected lr."""
   import matplotlib
@@ -191,9 +259,13 @@ def main(argv=None) -> None:
   p.add_argument("--table", action="append", default=[], help=f"of {sorted(run.TABLES)}")
   p.add_argument("--results", default=harness.RESULTS)
   p.add_argument("--no-plot", action="store_true")
+  p.add_argument("--versus", default=None,
+                 help="also compare each table's selected rows with this baseline table's")
   a = p.parse_args(argv)
   for name in a.table or ["digits_mezo"]:
     print(report(name, a.results, None if a.no_plot else FIGURES))
+    if a.versus:
+      print("\n" + versus(name, a.versus, a.results))
 
 
 if __name__ == "__main__":
