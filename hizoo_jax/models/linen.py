@@ -3,11 +3,15 @@
 ``TrainState.apply_gradients(grads=...)`` calls ``tx.update(grads, opt_state, params)``: it
 cannot pass the ``value_fn`` that a zeroth-order transform needs (the transform evaluates the
 loss at perturbed params itself, there are no gradients to give). :func:`apply_zo` is the
-zeroth-order counterpart: ``tx.update(None, opt_state, params, value_fn=...)``, the updates
-applied, ``step + 1``. :class:`ZOTrainState` offers it as a method.
+zeroth-order counterpart: one step of :func:`hizoo_jax.make_train_step`'s engine on
+``state.params`` and ``state.opt_state``, ``step + 1``. :class:`ZOTrainState` offers it as
+a method.
 
-Both work under ``jax.jit`` (the loss function is a static Python callable: close over it or
-mark it static) and with any Optax chain whose zeroth-order part is a hizoo-jax transform.
+Being the engine's step, it takes every optimizer ``make_train_step`` takes (``hz.hizoo``
+and the other aliases, chains, ``optax.inject_hyperparams``, ``optax.masked``,
+``optax.multi_transform``, ``optax.MultiSteps``, ``optax.apply_if_finite``) and keeps its
+lean memory: inside the user's ``jax.jit`` it traces into that program (the loss function
+is a static Python callable: close over it or mark it static).
 """
 
 from __future__ import annotations
@@ -15,27 +19,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import optax
 from flax.training import train_state
+
+from hizoo_jax.models._adapter import engine_step
 
 __all__ = ["ZOTrainState", "apply_zo"]
 
 
-def apply_zo(state: train_state.TrainState, loss_fn: Callable[..., Any],
-             *batch: Any) -> train_state.TrainState:
+def apply_zo(state: train_state.TrainState, loss_fn: Callable[..., Any], *batch: Any,
+             **step_options: Any) -> train_state.TrainState:
   """One zeroth-order step of a Linen ``TrainState``.
 
-  Calls ``state.tx.update(None, state.opt_state, state.params,
-  value_fn=lambda p: loss_fn(p, *batch))``, applies the updates to ``state.params`` and
-  returns the new state with ``step + 1``, as ``apply_gradients`` does for gradients.
+  Runs ``hz.make_train_step(state.tx, loss_fn, donate=False, **step_options)`` on
+  ``(state.params, state.opt_state, *batch)`` and returns the new state with ``step + 1``,
+  as ``apply_gradients`` does for gradients. Call it inside ``jax.jit``: outside, every
+  call compiles the engine's step anew.
 
   Args:
     state: a ``flax.training.train_state.TrainState`` (or subclass) whose ``tx`` is a
-      zeroth-order transform (``hz.mezo``, ``hz.hizoo``, ``hz.hizoo_l``, or a chain holding
-      one).
+      zeroth-order transform (``hz.mezo``, ``hz.hizoo``, ``hz.hizoo_l``, or a chain or
+      Optax wrapper holding one).
     loss_fn: ``loss_fn(params, *batch) -> scalar``; for a Linen model typically
       ``lambda params, x, y: loss(model.apply({"params": params}, x), y)``.
     *batch: the arguments after ``params``, the same for every loss evaluation of the step.
+    **step_options: options of :func:`hizoo_jax.make_train_step` (``restore``, ``lean``).
 
   Returns:
     The new ``TrainState``: updated ``params`` and ``opt_state``, ``step + 1``.
@@ -58,9 +65,9 @@ def apply_zo(state: train_state.TrainState, loss_fn: Callable[..., Any],
     >>> int(state.step)
     3
   """
-  updates, opt_state = state.tx.update(None, state.opt_state, state.params,
-                                       value_fn=lambda p: loss_fn(p, *batch))
-  params = optax.apply_updates(state.params, updates)
+  # Nothing donated: the caller may still hold the old state (TrainState is functional).
+  params, opt_state, _ = engine_step(state.tx, loss_fn, state.params, state.opt_state, *batch,
+                                     donate=False, **step_options)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 
@@ -80,6 +87,7 @@ class ZOTrainState(train_state.TrainState):
     1
   """
 
-  def apply_zo(self, loss_fn: Callable[..., Any], *batch: Any) -> ZOTrainState:
-    """One zeroth-order step: :func:`apply_zo` ``(self, loss_fn, *batch)``."""
-    return apply_zo(self, loss_fn, *batch)
+  def apply_zo(self, loss_fn: Callable[..., Any], *batch: Any,
+               **step_options: Any) -> ZOTrainState:
+    """One zeroth-order step: :func:`apply_zo` ``(self, loss_fn, *batch, **step_options)``."""
+    return apply_zo(self, loss_fn, *batch, **step_options)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hizoo_jax.models._adapter import engine_step
 from hizoo_jax.models._layers import PrefixKV, PrefixParam
 from hizoo_jax.models.heads import HeadParam
 
@@ -219,14 +220,12 @@ def nnx_zo_step(optimizer: nnx.Optimizer, model: nnx.Module,
   Returns:
     The step's loss (and aux with ``has_aux``), as ``make_train_step`` returns them.
   """
-  from hizoo_jax._src.train_step import make_train_step  # noqa: PLC0415
-
   graph = getattr(optimizer, "graph", None)
   graphdef, params, rest = nnx.split(model, optimizer.wrt, ...)
   params, rest = nnx.as_pure(params), nnx.as_pure(rest)
   loss_fn = lambda p: loss(nnx.merge(graphdef, p, rest))  # noqa: E731
-  step = make_train_step(optimizer.tx, loss_fn, has_aux=has_aux, **step_options)
-  out = step(params, nnx.as_pure(optimizer.opt_state))
+  out = engine_step(optimizer.tx, loss_fn, params, nnx.as_pure(optimizer.opt_state),
+                    has_aux=has_aux, **step_options)
   nnx.update(model, out[0])
   nnx.update(optimizer.opt_state, nnx.state(out[1], graph=graph))
   optimizer.step[...] += 1
