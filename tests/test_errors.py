@@ -222,3 +222,42 @@ def test_python_float_leaves_and_mu_resolution_checks():
   assert hz.get_hessian(state)["s"].shape == ()
   with pytest.raises(ValueError, match="mu_resolution"):
     hz.hizoo(1e-2, mu_resolution=-1.0)
+
+
+# ----------------------------------------------------------------------------------------
+# Params and states that do not fit: a clear error naming the leaf, not a shape error.
+
+
+def test_empty_params_and_none_leaves_are_refused():
+  with pytest.raises(ValueError, match="no array leaves"):
+    hz.mezo(1e-2).init({})
+  with pytest.raises(ValueError, match=r"\['b'\] is None"):
+    hz.hizoo(1e-2).init({"w": jnp.ones(2), "b": None})
+
+
+@pytest.mark.parametrize("build, params_of_state", [
+    (lambda: hz.hizoo(1e-2), {"w": jnp.ones(8)}),      # another model: other shapes
+    (lambda: hz.hizoo(1e-2), {"v": jnp.ones(4)}),      # another model: other names
+    (lambda: hz.sparse_mezo(1e-2), {"w": jnp.ones((2, 4)), "b": jnp.ones(3)}),
+], ids=["shapes", "names", "sparse-leaves"])
+def test_a_state_of_another_model_is_refused_by_name(build, params_of_state):
+  tx = build()
+  params = {"w": jnp.ones(4)}
+  with pytest.raises(ValueError, match="tx.init"):
+    tx.update(None, tx.init(params_of_state), params, value_fn=lambda p: jnp.sum(p["w"] ** 2))
+
+
+def test_a_state_of_another_method_is_refused_by_name():
+  params = {"w": jnp.ones(4)}
+  with pytest.raises(ValueError, match="another optimizer"):
+    hz.hizoo(1e-2).update(None, hz.mezo(1e-2).init(params), params,
+                          value_fn=lambda p: jnp.sum(p["w"] ** 2))
+
+
+def test_a_frozen_integer_leaf_trains_in_the_engine():
+  params = {"w": jnp.ones(4, jnp.float32), "n": jnp.asarray(3, jnp.int32)}
+  tx = optax.masked(hz.mezo(1e-2), {"w": True, "n": False})
+  step = hz.make_train_step(tx, lambda p: jnp.sum(p["w"] ** 2) + 0 * p["n"])
+  new, _, loss = step(params, tx.init(params))
+  assert int(new["n"]) == 3 and np.isfinite(float(loss))
+  assert not np.array_equal(np.asarray(new["w"]), np.ones(4))

@@ -90,6 +90,33 @@ def key_impl_of(seed: Any) -> str:
   return str(jax.config.jax_default_prng_impl)
 
 
+def _only_masked(params: Any) -> bool:
+  """Whether ``params`` is a view whose every leaf optax.masked left out (MaskedNode)."""
+  import optax  # noqa: PLC0415
+
+  nodes = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+  return bool(nodes) and all(isinstance(x, optax.MaskedNode) for x in nodes)
+
+
+def check_state_matches(state_tree: Any, expected: Any, what: str) -> None:
+  """Refuses a state part that does not fit the params (another model's optimizer state),
+  naming the first leaf that differs; ``expected`` is its ``jax.eval_shape`` for these
+  params."""
+  got_def, want_def = jax.tree.structure(state_tree), jax.tree.structure(expected)
+  if got_def != want_def:
+    raise ValueError(
+        f"the optimizer state's {what} does not fit these params (its structure is "
+        f"{got_def}, these params need {want_def}): was the state built with tx.init for "
+        "another model or another optimizer? Build it with tx.init(params).")
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(state_tree),
+                          jax.tree.leaves(expected), strict=True):
+    if jnp.shape(a) != b.shape:
+      raise ValueError(
+          f"the optimizer state's {what}{jax.tree_util.keystr(path)} has shape "
+          f"{jnp.shape(a)} but these params need {b.shape}: was the state built with "
+          "tx.init for another model? Build it with tx.init(params).")
+
+
 def check_seed(seed: Any) -> None:
   """Refuses a seed that cannot become a key, naming ``seed`` (concrete seeds only)."""
   if isinstance(seed, jax.Array) and jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
@@ -146,8 +173,17 @@ def as_typed_key(key: Any, impl: str) -> jax.Array:
 
 
 def check_params(params: Any) -> None:
+  """Refuses missing, empty or non-float params, naming the leaf."""
   if params is None:
     raise ValueError("params must be given to init/update of a zeroth-order transform")
+  with_none = jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: x is None)
+  for path, leaf in with_none:
+    if leaf is None:
+      raise ValueError(
+          f"params leaf {jax.tree_util.keystr(path)} is None: a zeroth-order transform "
+          "perturbs arrays; drop the entry or freeze it with optax.masked")
+  if not jax.tree.leaves(params) and not _only_masked(params):
+    raise ValueError(f"params have no array leaves ({params!r}): there is nothing to train")
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     dtype = jnp.result_type(leaf)
     if not jnp.issubdtype(dtype, jnp.floating):

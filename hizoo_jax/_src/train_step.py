@@ -402,7 +402,9 @@ def _plain_fn(tx, loss_fn, has_aux):
 def _inplace_restore(restore: str, params: Any) -> bool:
   if restore != "auto":
     return restore == "inplace"
-  return all(jnp.finfo(jnp.result_type(x)).bits >= 32 for x in jax.tree.leaves(params))
+  # Only floating leaves are perturbed (a frozen integer leaf under optax.masked is not).
+  return all(jnp.finfo(jnp.result_type(x)).bits >= 32 for x in jax.tree.leaves(params)
+             if jnp.issubdtype(jnp.result_type(x), jnp.inexact))
 
 
 def _is_traced(tree) -> bool:

@@ -181,6 +181,7 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
       raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}")
     cfg.check_params(params)
     method = resolved(state)
+    _check_state(method, hyper, state, params)
     num_measured = method.num_measured
     in_effect = method.in_effect(hyper, state.count, params, state.method)
     in_effect = jax.tree.map(lambda new, old: new.astype(old.dtype), in_effect, state.hyper)
@@ -222,6 +223,19 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
     )
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_state(method: m.Method, hyper: dict, state: ZOState, params: Any) -> None:
+  """A state built for other params (another model, another method) is refused by name,
+  before it fails as a shape error deep in the step. Skipped where the state's layout
+  depends on an option that is traced here (``optax.inject_hyperparams`` without
+  ``static_args``): init saw it concrete, the step cannot recompute it."""
+  try:
+    expected = jax.eval_shape(
+        lambda p: (jnp.zeros([method.num_measured]), method.init(p, hyper)), params)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    return
+  cfg.check_state_matches((state.losses, state.method), expected, "zeroth-order part")
 
 
 def _add_saturating(total: jax.Array, n: jax.Array) -> jax.Array:
