@@ -31,12 +31,13 @@ def test_run_and_resume_bit_for_bit(tmp_path):
   assert whole["fp_source"].startswith(("harness count", "state counter"))
   assert whole["test"]["test_accuracy"] > 0 and whole["sec_per_fp"] > 0
   assert whole["state_bytes"] > 0 and whole["diverged_at_step"] is None
+  assert 0 <= whole["test_at_start"]["test_accuracy"] <= 1  # the start, scored once
   # interrupted after the first evaluation, then the same call again continues
   kw = dict(results=str(tmp_path / "b"), ckpts=str(tmp_path / "cb"), log=lambda s: None)
   assert harness.run(cfg, tasks.TASKS["digits"], stop_after=40, **kw) is None
   assert not os.path.exists(harness.result_path(cfg, kw["results"]))
   resumed = harness.run(cfg, tasks.TASKS["digits"], **kw)
-  for key in ("curve", "final", "test", "forward_passes", "steps"):
+  for key in ("curve", "final", "test", "test_at_start", "task_info", "forward_passes", "steps"):
     a = [{k: v for k, v in e.items() if k != "seconds"} for e in whole[key]] \
         if key == "curve" else whole[key]
     b = [{k: v for k, v in e.items() if k != "seconds"} for e in resumed[key]] \

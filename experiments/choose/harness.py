@@ -323,6 +323,9 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   else:
     ev = inst.evaluate(params)
     hist["evals"].append({"step": 0, "fp": 0, **ev, "seconds": 0.0, "mean_h": None})
+    # where the run starts (the SST-2 probe): reported beside the end, never selected on
+    hist["test_at_start"] = inst.test(params)
+    hist["task_info"] = inst.info  # a resumed run's setup skips what it restores
   t, fp = int(hist["t"]), int(hist["fp"])
   initial_train = hist["evals"][0]["train_loss"]
   next_eval = (fp // cfg.eval_every + 1) * cfg.eval_every
@@ -382,7 +385,7 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   out = {
       "config": cfg.to_json(),
       "resolved_options": {k: v for k, v in options.items()},
-      "task_info": inst.info,
+      "task_info": hist.get("task_info", inst.info),
       "num_params": d,
       "fp_source": ("state counter (forward_passes), checked against the harness count"
                     if has_counter else "harness count from the method's cost"
@@ -399,6 +402,7 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       "final": {"train_loss": last["train_loss"] if diverged is None else None,
                 "val_loss": last["val_loss"] if diverged is None else None},
       "test": test,
+      "test_at_start": hist.get("test_at_start"),
       "sec_per_fp": float(np.median(rates)) if rates else None,
       "train_seconds": hist["train_seconds"],
       "state_bytes": state_bytes(opt_state),
