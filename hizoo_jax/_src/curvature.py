@@ -180,6 +180,10 @@ def _blocked_sums(work: FactoredHessian, rows, curvature, estimator, clip):
   lead, p, q = work.row.shape[:-1], work.row.shape[-1], work.col.shape[-1]
   block = max(1, min(p, BLOCK_ELEMENTS // max(1, q * math.prod(lead))))
   n_blocks = -(-p // block)
+  # Under a mesh with Explicit axes, the block's values must carry one sharding: the row
+  # and column factors (p + q floats) are gathered first, so each block is computed whole,
+  # as its noise rows are, and the sums come out replicated.
+  work = FactoredHessian(_replicated(work.row), _replicated(work.col))
   total = jnp.sum(work.row, axis=-1)[..., None, None]
   dtype = work.row.dtype
 
@@ -196,8 +200,20 @@ def _blocked_sums(work: FactoredHessian, rows, curvature, estimator, clip):
     row_sum = jax.lax.dynamic_update_slice_in_dim(row_sum, new, start, axis=-1)
     return row_sum, col_sum + jnp.sum(e, axis=-2)
 
-  init = (jnp.zeros(lead + (p,), dtype), jnp.zeros(lead + (q,), dtype))
+  init = (jnp.zeros_like(work.row), jnp.zeros_like(work.col))  # on the factors' mesh
   return jax.lax.fori_loop(0, n_blocks, body, init)
+
+
+def _replicated(x: jax.Array) -> jax.Array:
+  """``x`` replicated when its type holds an explicit sharding (a mesh with Explicit axes);
+  otherwise ``x`` (Auto axes or no mesh: XLA propagates the shardings itself)."""
+  sharding = jax.typeof(x).sharding
+  mesh = sharding.mesh
+  if mesh.empty or all(s is None for s in sharding.spec):
+    return x
+  if not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+    return x
+  return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def _upcast(h: Any) -> Any:
