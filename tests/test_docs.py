@@ -48,6 +48,84 @@ def _run(code: str, timeout=600):
                         text=True, timeout=timeout)
 
 
+# Every Python block of the README and the docs runs, in order, each page in one fresh
+# process where a block sees what the blocks before it on its page defined. A block that
+# needs what CI does not have (weights, data sets) is skipped only when the line before it
+# says so, visibly in the Markdown source: <!-- docs-test: skip (the reason) -->.
+SKIP_MARKER = re.compile(r"<!--\s*docs-test:\s*skip\s*\((.+?)\)\s*-->\s*$")
+_PAGE_RUNNER = r"""
+import sys, time, traceback
+sys.path.insert(0, "tests")
+from test_docs import python_blocks
+page = sys.argv[1]
+ns = {"__name__": "__docs__"}
+for line, code, skip in python_blocks(open(page).read()):
+  if skip:
+    print(f"{page}:{line}: skipped ({skip})")
+    continue
+  t = time.time()
+  try:
+    exec(compile(code, f"{page}:{line}", "exec"), ns)
+  except BaseException:
+    print(f"{page}:{line}: FAILED\n{traceback.format_exc()}")
+    sys.exit(1)
+  print(f"{page}:{line}: ok ({time.time() - t:.1f} s)")
+"""
+
+
+def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
+  """``(line of the fence, code, skip reason or None)`` of every ```python block, in order
+  (indented blocks, e.g. in a list item, dedented)."""
+  out = []
+  lines = text.splitlines(keepends=True)
+  i = 0
+  while i < len(lines):
+    m = re.match(r"^( *)```(\S*)\s*$", lines[i])
+    if not m:
+      i += 1
+      continue
+    indent, lang = m.group(1), m.group(2)
+    end = i + 1
+    while end < len(lines) and not re.match(rf"^{indent}```\s*$", lines[end]):
+      end += 1
+    if lang == "python":
+      before = next((ln for ln in reversed(lines[:i]) if ln.strip()), "")
+      skip = SKIP_MARKER.search(before.strip())
+      code = "".join(ln[len(indent):] if ln.startswith(indent) else ln
+                     for ln in lines[i + 1:end])
+      out.append((i + 1, code, skip.group(1) if skip else None))
+    i = end + 1
+  return out
+
+
+def _pages_with_python() -> list[str]:
+  pages = ["README.md"] + sorted(os.path.join("docs", p) for p in _docs_pages())
+  out = []
+  for page in pages:
+    with open(os.path.join(ROOT, page)) as fh:
+      if python_blocks(fh.read()):
+        out.append(page)
+  return out
+
+
+def test_the_block_extraction_sees_every_python_fence():
+  text = "a\n```python\nx = 1\n```\n- item\n\n  ```python\n  y = x\n  ```\n" \
+         "<!-- docs-test: skip (needs the weights) -->\n```python\nload()\n```\n```bash\nls\n```\n"
+  assert python_blocks(text) == [(2, "x = 1\n", None), (7, "y = x\n", None),
+                                 (11, "load()\n", "needs the weights")]
+  assert "README.md" in _pages_with_python() and len(_pages_with_python()) >= 8
+
+
+@pytest.mark.parametrize("page", _pages_with_python())
+def test_every_python_block_of_the_page_runs(page):
+  """The sharding guide's mesh needs 8 devices: every page runs on 8 virtual CPU devices."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  out = subprocess.run([sys.executable, "-c", _PAGE_RUNNER, page], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+
+
 def test_readme_quickstart_runs_and_learns():
   out = _run(_block_after("quickstart"))
   assert out.returncode == 0, out.stderr
