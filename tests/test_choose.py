@@ -141,3 +141,26 @@ def test_report_versus_baseline(tmp_path, monkeypatch):
   assert rows[2].startswith("| hizoo_a0.001 constant |")
   assert rows[3].startswith("|   control: MeZO, lr / mean H(t) of hizoo_a0.001 constant |")
   assert "Selection pending" not in report.report("t_hiz", res, None)
+
+
+def test_curvature_oracle_installs_hessian_and_resumes(tmp_path):
+  from experiments.choose import oracle
+
+  d = {"w": np.array([4.0, -1.0, 0.0, 1.0], np.float32)}
+  h = oracle.preconditioner(d, "diag", 0.01)
+  assert np.allclose(h["w"], [8 / 3, 2 / 3, 0.01, 2 / 3])  # |d| / mean |d|, floored
+  h = oracle.preconditioner({"a": np.ones(3, np.float32), "b": np.full(1, 5.0, np.float32)},
+                            "tensor", 0.01)
+  assert np.allclose(h["a"], 0.5) and np.allclose(h["b"], 2.5)  # per-tensor means / 2
+  cfg = harness.make_config("fa", "oracle", 1e-3, options={
+      "mu": 1e-3, "oracle": "diag", "refresh": 10, "samples": 2}, seed=0, budget=40,
+      eval_every=20)
+  kw = dict(results=str(tmp_path / "a"), ckpts=str(tmp_path / "c"), log=lambda s: None)
+  whole = harness.run(cfg, tasks.TASKS["fa"], **kw)
+  assert whole["forward_passes"] == 41 and whole["steps"] == 20  # 3 + 2 * 19: l0 on step 0
+  assert [o["step"] for o in whole["oracle"]] == [0, 10]
+  assert whole["curve"][1]["mean_h"] == pytest.approx(1.0, rel=0.05)
+  kw = dict(results=str(tmp_path / "b"), ckpts=str(tmp_path / "d"), log=lambda s: None)
+  assert harness.run(cfg, tasks.TASKS["fa"], stop_after=20, **kw) is None
+  resumed = harness.run(cfg, tasks.TASKS["fa"], **kw)
+  assert resumed["final"] == whole["final"] and resumed["test"] == whole["test"]

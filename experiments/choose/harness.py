@@ -91,6 +91,10 @@ METHODS: dict[str, Method] = {
     "mezo_hctl": Method("mezo", lambda o, t: 2 * _n(o)),
 }
 CONTROL = "mezo_hctl"
+# MeZO preconditioned by the true curvature (autodiff + Hutchinson, experiments/choose/
+# oracle.py): HiZOO's update with its estimate off; l0 is measured on step 0 only.
+ORACLE = "oracle"
+METHODS[ORACLE] = Method("hizoo", lambda o, t: 2 * _n(o) + (1 if t == 0 else 0))
 TRACE_STRIDE = 10  # steps between the samples of mean H(t) kept for the control
 
 
@@ -295,6 +299,11 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       source = json.load(fh)
     lr = control_schedule(cfg.lr, source, cfg.schedule, horizon)
     tx = build_tx(method.name, lr, options, cfg.seed)
+  elif cfg.method == ORACLE:
+    from experiments.choose import oracle
+
+    ora, hz_opts = oracle.split_options(options)
+    tx = build_tx(method.name, make_schedule(cfg.schedule, cfg.lr, horizon), hz_opts, cfg.seed)
   else:
     tx = build_tx(cfg.method, make_schedule(cfg.schedule, cfg.lr, horizon), options, cfg.seed)
   params = inst.params
@@ -335,6 +344,12 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   t0 = time.perf_counter()
   fp_window = 0
   while fp < cfg.budget and diverged is None:
+    if cfg.method == ORACLE and oracle.due(ora, t):
+      t1 = time.perf_counter()
+      opt_state, summary = oracle.install(opt_state, params, inst, ora, t, cfg.seed)
+      spent = time.perf_counter() - t1
+      hist.setdefault("oracle", []).append({**summary, "seconds": spent})
+      t0 += spent  # the oracle's autodiff is not the method's time
     params, opt_state, loss = step(params, opt_state, *inst.extra, *inst.batch(t))
     losses.append(loss)
     if trace_fn is not None and t % TRACE_STRIDE == 0:
@@ -403,6 +418,7 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
                 "val_loss": last["val_loss"] if diverged is None else None},
       "test": test,
       "test_at_start": hist.get("test_at_start"),
+      "oracle": hist.get("oracle"),
       "sec_per_fp": float(np.median(rates)) if rates else None,
       "train_seconds": hist["train_seconds"],
       "state_bytes": state_bytes(opt_state),

@@ -123,6 +123,16 @@ def hizoo_grids(task, method, exponents, schedules, seeds, budget, eval_every, a
           for a in alphas]
 
 
+def oracle_grids(task, exponents, schedules, seeds, budget, eval_every, refresh, mu=1e-3,
+                 samples=32) -> list[Grid]:
+  """The curvature oracle: per-parameter and per-tensor, fixed and refreshed every
+  ``refresh`` steps, each its own lr grid."""
+  return [Grid(task, "oracle", exponents, schedules, seeds, budget, eval_every,
+               (("mu", mu), ("oracle", kind), ("refresh", r), ("samples", samples)),
+               f"_{kind}_r{r}")
+          for kind in ("diag", "tensor") for r in (0, refresh)]
+
+
 TABLES.update({
     # Queued for later sessions (defined so that one command runs each).
     "digits_hizoo": hizoo_grids("digits", "hizoo", tuple(range(-16, -3, 2)), ("constant",),
@@ -135,6 +145,13 @@ TABLES.update({
                             (0,), 20_000, 2_000, MEZO_MU)],
     "sst2_ft_k512_mezo": [Grid("sst2_ft_k512", "mezo", (-20, -18, -22, -16, -24),
                                ("cosine",), (0,), 10_000, 1_000, MEZO_MU)],
+    # The curvature ceiling (MeZO preconditioned by the autodiff Hessian diagonal).
+    "digits_oracle": oracle_grids("digits", tuple(range(-16, -3, 2)), ("constant",),
+                                  (0, 1, 2), 40_000, 2_000, refresh=2_000),
+    "sst2_ft_oracle": oracle_grids("sst2_ft_full", (-20, -18, -22, -16, -24), ("constant",),
+                                   (0,), 20_000, 2_000, refresh=2_000),
+    "sst2_lora_oracle": oracle_grids("sst2_lora_full", (-12, -10, -14, -8, -16),
+                                     ("constant",), (0,), 20_000, 2_000, refresh=2_000),
     # The paper's test functions: float32, one seed per noise draw, 3 seeds.
     "testfn_mezo": [Grid(f, "mezo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2),
                          6_000, 300, MEZO_MU) for f in ("fa", "fb", "fc")],
