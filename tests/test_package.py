@@ -116,6 +116,36 @@ def test_no_module_outside_models_names_flax_or_sklearn():
       assert not bad, (name, bad)
 
 
+def _imports(name):
+  """``(modules imported, attribute reads of imported names)`` of a module."""
+  with open(importlib.util.find_spec(name).origin) as fh:
+    tree = ast.parse(fh.read())
+  modules, attrs, aliases = [], [], set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      modules += [a.name for a in node.names]
+      aliases |= {a.asname or a.name.split(".")[0] for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      modules.append(node.module)
+      modules += [f"{node.module}.{a.name}" for a in node.names]
+      aliases |= {a.asname or a.name for a in node.names}
+    elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+      attrs.append((node.value.id, node.attr))
+  return modules, [(v, a) for v, a in attrs if v in aliases]
+
+
+def test_modules_use_each_others_public_names_only():
+  """No optax internals; models and integrations use the public package, not its _src;
+  no module reads a private name of another module (``mod._name``)."""
+  for name in _modules():
+    modules, attrs = _imports(name)
+    assert not [m for m in modules if m.startswith("optax._src")], name
+    if name.startswith(WITH_EXTRAS):
+      assert not [m for m in modules if m.startswith("hizoo_jax._src")], name
+    private = [(v, a) for v, a in attrs if a.startswith("_") and not a.startswith("__")]
+    assert not private, (name, private)
+
+
 def test_version_is_written_once():
   with open(os.path.join(ROOT, "pyproject.toml")) as fh:
     text = fh.read()

@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from optax._src import numerics
 
 from hizoo_jax._src import transform
 
@@ -141,14 +140,14 @@ def guarded_chain(
     if extra_args.get("zo_probe") is not None or not guarded:
       new_updates, new = inner.update(updates, old, params, **extra_args)
       if extra_args.get("zo_probe") is None:
-        guard_state = guard_state._replace(schedule_count=numerics.safe_increment(count))
+        guard_state = guard_state._replace(schedule_count=optax.safe_increment(count))
       return new_updates, tuple(new) + (guard_state,)
     ok = _all_good(guarded, count)
     new_updates, new = inner.update(updates, old, params, **_losses_unless(ok, extra_args))
     new_updates = jax.tree.map(lambda u: jnp.where(ok, u, jnp.zeros_like(u)), new_updates)
     new = _keep_unless(ok, tuple(new), old)
     return new_updates, new + (GuardState(
-        schedule_count=jnp.where(ok, numerics.safe_increment(count), count),
+        schedule_count=jnp.where(ok, optax.safe_increment(count), count),
         skipped_bad_hyperparams=guard_state.skipped_bad_hyperparams
         + (~ok).astype(jnp.int32)),)
 

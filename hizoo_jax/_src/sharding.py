@@ -22,14 +22,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from hizoo_jax._src import curvature as hess
 
 
-def _as_tree(param_shardings: Any, params: Any) -> Any:
+def as_tree(param_shardings: Any, params: Any) -> Any:
   """A tree of shardings shaped like ``params`` (a single sharding applies to all)."""
   if isinstance(param_shardings, jax.sharding.Sharding):
     return jax.tree.map(lambda _: param_shardings, params)
   return param_shardings
 
 
-def _mesh_of(shardings: Any) -> jax.sharding.Mesh:
+def mesh_of(shardings: Any) -> jax.sharding.Mesh:
   for s in jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)):
     if isinstance(s, NamedSharding):
       return s.mesh
@@ -67,8 +67,8 @@ def state_shardings(state: Any, params: Any, param_shardings: Any) -> Any:
   Returns:
     A tree of ``NamedSharding`` shaped like ``state``.
   """
-  shardings = _as_tree(param_shardings, params)
-  mesh = _mesh_of(shardings)
+  shardings = as_tree(param_shardings, params)
+  mesh = mesh_of(shardings)
   replicated = NamedSharding(mesh, PartitionSpec())
   params_def = jax.tree.structure(params)
   param_leaves = params_def.flatten_up_to(params)

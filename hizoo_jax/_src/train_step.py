@@ -523,8 +523,8 @@ class _Layout:
     """``(param shardings tree, state shardings tree, replicated)`` or Nones."""
     if self.param_shardings is None:
       return None, None, None
-    p = shard_lib._as_tree(self.param_shardings, params)
-    mesh = shard_lib._mesh_of(p)
+    p = shard_lib.as_tree(self.param_shardings, params)
+    mesh = shard_lib.mesh_of(p)
     return p, shard_lib.state_shardings(opt_state, params, p), \
         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 

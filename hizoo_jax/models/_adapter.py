@@ -24,6 +24,6 @@ def engine_step(tx: optax.GradientTransformationExtraArgs, loss_fn: Callable[...
   call: the step is built per call because adapters build ``loss_fn`` per call (a closure
   over the batch or the frozen model), and a cache keyed on it would keep those alive.
   """
-  from hizoo_jax._src.train_step import make_train_step  # noqa: PLC0415 (import cycle)
+  import hizoo_jax  # noqa: PLC0415 (hizoo_jax.models is imported by the package's users)
 
-  return make_train_step(tx, loss_fn, **step_options)(params, opt_state, *batch)
+  return hizoo_jax.make_train_step(tx, loss_fn, **step_options)(params, opt_state, *batch)
