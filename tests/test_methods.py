@@ -365,11 +365,14 @@ def moved_by(a, b):
 
 
 @pytest.mark.parametrize("name", list(METHODS))
-def test_adam_chain_lean_in_a_scan_follows_the_plain_step(name):
-  """optax.chain(scale_by_*, optax.adam), the lean step traced into a user's jit as the body
-  of a lax.scan (the top-level lean step is compared in the next test)."""
+def test_adam_chain_lean_at_top_level_and_in_a_scan_follows_the_plain_step(name):
+  """optax.chain(scale_by_*, optax.adam): the lean step at top level and traced into a
+  user's jit as the body of a lax.scan."""
   loss = METHODS[name][3]
-  plain, _ = run_steps(adam_chain(name), loss, lean=False)
+  plain, plain_state = run_steps(adam_chain(name), loss, lean=False)
+  lean, lean_state = run_steps(adam_chain(name), loss, lean=True)
+  chex.assert_trees_all_close(lean, plain, **TOL)
+  chex.assert_trees_all_close(lean_state, plain_state, **TOL)
   chex.assert_trees_all_close(run_scan(adam_chain(name), loss), plain, **TOL)
   assert moved_by(plain[-1][0], THETA0) > 1e-3  # it trained (Adam: ~lr per step)
 
