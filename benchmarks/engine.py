@@ -64,6 +64,15 @@ COMPOSITIONS = {
     "masked(hz.mezo, biases frozen)": lambda: optax.masked(
         hz.mezo(LR), lambda p: jax.tree.map(lambda x: x.ndim == 2, p)),
     "MultiSteps(hz.mezo, 4)": lambda: optax.MultiSteps(hz.mezo(LR), 4),
+    # several probes per step and the methods of the method core (0.4.0)
+    "hz.mezo(num_directions=4)": lambda: hz.mezo(LR, num_directions=4),
+    "hz.hizoo(num_directions=4)": lambda: hz.hizoo(LR, num_directions=4),
+    "hz.fzoo (8 probes)": lambda: hz.fzoo(LR),
+    "hz.sparse_mezo": lambda: hz.sparse_mezo(LR),
+    "hz.lozo(momentum=0.9)": lambda: hz.lozo(LR, momentum=0.9),
+    "hz.subzero": lambda: hz.subzero(LR),
+    "hz.zo_muon": lambda: hz.zo_muon(LR),
+    "hz.forward_gradient": lambda: hz.forward_gradient(LR),
 }
 
 

@@ -194,6 +194,14 @@ class Method:
     ``l0 = f(theta)`` first)."""
     raise NotImplementedError
 
+  def direction_leaf(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array],
+                     words: sampling.DirectionWords, i: int, leaf: Any) -> jax.Array:
+    """Leaf ``i``'s direction ``D_j`` of the probe whose words are ``words`` (default: the
+    sampler's noise ``z_j``). Methods with structured or masked directions override this
+    and inherit :meth:`displacement` and :meth:`combine`."""
+    del state, hyper
+    return words.noise(noise.sampler, i, leaf)
+
   def displacement(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array], j: Any,
                    measured: Measured, step: jax.Array, after: Any = ()) -> list:
     """``step * D_j`` of every leaf (``step``: a scalar), in the leaves' noise dtype.
@@ -203,7 +211,23 @@ class Method:
     HiZOO-multi's Hessian, replays them). ``after``: values the noise is ordered after
     (see :func:`hizoo_jax._src.sampling.tie`).
     """
-    raise NotImplementedError
+    del measured
+    words = noise.words(j, after)
+    out = []
+    for i, p in enumerate(noise.leaves):
+      d = self.direction_leaf(noise, state, hyper, words, i, p)
+      out.append(step.astype(d.dtype) * d)
+    return out
+
+  def combine(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array], params: list,
+              coefs: jax.Array) -> list:
+    """``sum_j coefs[j] D_j`` of every leaf, each direction regenerated (never stored)."""
+    g = noise_zeros(params)
+    for j in range(self.num_probes):
+      words = noise.words(j)
+      g = [a + coefs[j].astype(a.dtype) * self.direction_leaf(noise, state, hyper, words, i, p)
+           for i, (a, p) in enumerate(zip(g, params, strict=True))]
+    return g
 
   def estimate(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array],
                params: list, measured: Measured) -> tuple[list, Any, dict[str, jax.Array]]:
@@ -220,6 +244,12 @@ def probe_values(method: Method, measured: Measured, dtype: Any) -> tuple[jax.Ar
   per = method.num_measured // method.num_probes
   v = jnp.asarray(measured.values, dtype).reshape(method.num_probes, per)
   return tuple(v[:, k] for k in range(per))
+
+
+def mean_over_valid(g: list, n_valid: jax.Array) -> list:
+  """``g / max(n_valid, 1)`` leaf by leaf."""
+  denom = jnp.maximum(n_valid, 1)
+  return [a / denom.astype(a.dtype) for a in g]
 
 
 def noise_zeros(leaves: list) -> list:

@@ -44,26 +44,13 @@ class ForwardGradient(m.Method):
     dtype = numerics.loss_dtype(params)
     return {"mu": jnp.ones((), dtype), "center": jnp.asarray(False)}
 
-  def displacement(self, noise, state, hyper, j, measured, step, after=()):
-    words = noise.words(j, after)
-    out = []
-    for i, p in enumerate(noise.leaves):
-      z = words.noise(noise.sampler, i, p)
-      out.append(step.astype(z.dtype) * z)
-    return out
-
   def estimate(self, noise, state, hyper, params, measured):
     d = measured.values
     finite = jnp.isfinite(d)
     coefs = jax.lax.optimization_barrier(jnp.where(finite, d, 0))
-    g = m.noise_zeros(params)
-    for j in range(self.num_probes):
-      words = noise.words(j)
-      g = [a + coefs[j].astype(a.dtype) * words.noise(noise.sampler, i, p)
-           for i, (a, p) in enumerate(zip(g, params, strict=True))]
-    n_valid = jnp.sum(finite.astype(jnp.int32))
+    n_valid = jnp.sum(finite.astype(jnp.int32), dtype=jnp.int32)
+    g = m.mean_over_valid(self.combine(noise, state, hyper, params, coefs), n_valid)
     denom = jnp.maximum(n_valid, 1)
-    g = [a / denom.astype(a.dtype) for a in g]
     return g, state, dict(loss=jnp.asarray(measured.center, d.dtype),
                           skipped=self.num_probes - n_valid,
                           projected=jnp.sum(coefs) / denom.astype(d.dtype))

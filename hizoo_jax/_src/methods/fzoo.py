@@ -55,20 +55,12 @@ class FZOO(m.Method):
   def in_effect(self, hyper, count, params, state):
     return {**spsa.mu_in_effect(hyper, params), "center": jnp.asarray(True)}
 
-  def displacement(self, noise, state, hyper, j, measured, step, after=()):
-    words = noise.words(j, after)
-    out = []
-    for i, p in enumerate(noise.leaves):
-      u = words.noise(noise.sampler, i, p)
-      out.append(step.astype(u.dtype) * u)
-    return out
-
   def estimate(self, noise, state, hyper, params, measured):
     dtype = measured.values.dtype
     l0 = jnp.asarray(measured.center, dtype)
     values = measured.values
     finite = jnp.isfinite(values) & jnp.isfinite(l0) & hyper["mu_ok"]
-    n = jnp.sum(finite.astype(jnp.int32))
+    n = jnp.sum(finite.astype(jnp.int32), dtype=jnp.int32)
     nf = jnp.maximum(n, 1).astype(dtype)
     kept = jnp.where(finite, values, 0)
     mean = jnp.sum(kept) / nf
@@ -77,11 +69,7 @@ class FZOO(m.Method):
     coefs = jnp.where(finite & ok, (values - l0) / (nf * jnp.where(ok, sigma, 1)), 0)
     # Materialised once, not copied into every leaf's pass (compile time).
     coefs = jax.lax.optimization_barrier(coefs)
-    g = m.noise_zeros(params)
-    for j in range(self.num_probes):
-      words = noise.words(j)
-      g = [a + coefs[j].astype(a.dtype) * words.noise(noise.sampler, i, p)
-           for i, (a, p) in enumerate(zip(g, params, strict=True))]
+    g = self.combine(noise, state, hyper, params, coefs)
     skipped = self.num_probes - jnp.where(ok, n, 0)
     projected = jnp.sum(jnp.where(finite, values - l0, 0)) / nf / hyper["mu"].astype(dtype)
     return g, state, dict(loss=l0, skipped=skipped, projected=projected)

@@ -35,24 +35,36 @@ def rank_of(leaf, rank: int) -> int:
 
 
 def outer(a: jax.Array, b: jax.Array) -> jax.Array:
-  """``a @ swapaxes(b)`` for ``a [..., m, r]`` and ``b [..., n, r]``, fused elementwise."""
-  return jnp.sum(a[..., :, None, :] * b[..., None, :, :], axis=-1)
+  """``a @ swapaxes(b)`` for ``a [..., m, r]`` and ``b [..., n, r]``, as a sum of ``r``
+  broadcast products: purely elementwise, so XLA fuses it into the pass that uses it
+  (a reduction over a broadcast ``[m, n, r]`` is fused alone but, inside the engine's
+  loop, stored; a matmul always stores its product)."""
+  out = a[..., :, None, 0] * b[..., None, :, 0]
+  for k in range(1, a.shape[-1]):
+    out = out + a[..., :, None, k] * b[..., None, :, k]
+  return out
 
 
-def gaussian(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-  """Float32 Gaussian factors (the default sampler's moments, drawn from ``key``)."""
-  return sampling.fast_gaussian.sample(key, tuple(shape), jnp.float32)
+def factor_dtype(leaf) -> jnp.dtype:
+  """The factors' dtype: the leaf's noise dtype (at least float32: bf16 params get float32
+  factors, float64 params float64 ones)."""
+  return sampling.noise_dtype(jnp.result_type(leaf))
 
 
-def leaf_factor(words: sampling.DirectionWords, i: int, shape) -> jax.Array:
+def gaussian(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
+  """Gaussian factors (the default sampler's moments, drawn from ``key``)."""
+  return sampling.fast_gaussian.sample(key, tuple(shape), dtype)
+
+
+def leaf_factor(words: sampling.DirectionWords, i: int, leaf, shape) -> jax.Array:
   """A per-probe factor of leaf ``i``: Gaussian of ``shape`` from the leaf's key."""
-  return gaussian(words.key(i), shape)
+  return gaussian(words.key(i), shape, factor_dtype(leaf))
 
 
-def resampled(noise_key: jax.Array, i: int, shape, salt: int = 0) -> jax.Array:
+def resampled(noise_key: jax.Array, i: int, leaf, shape, salt: int = 0) -> jax.Array:
   """A lazily resampled factor of leaf ``i`` (drawn on the steps that refresh it)."""
   key = jax.random.fold_in(jax.random.fold_in(noise_key, FACTOR_TAG + salt), i)
-  return gaussian(key, shape)
+  return gaussian(key, shape, factor_dtype(leaf))
 
 
 def orthonormal(g: jax.Array, sign_fix: bool = False) -> jax.Array:

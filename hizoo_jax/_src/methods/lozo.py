@@ -70,12 +70,12 @@ class LOZO(m.Method):
 
   def init(self, params, hyper):
     leaves = jax.tree.leaves(params)
-    v = tuple(jnp.zeros(self._v_shape(p), jnp.float32) if lr.is_matrix(p) else None
+    v = tuple(jnp.zeros(self._v_shape(p), lr.factor_dtype(p)) if lr.is_matrix(p) else None
               for p in leaves)
     if not self.momentum:
       return LOZOState(v=v, momentum=())
-    mom = tuple(jnp.zeros(self._u_shape(p), jnp.float32) if lr.is_matrix(p)
-                else jnp.zeros(jnp.shape(p), jnp.float32) for p in leaves)
+    mom = tuple(jnp.zeros(self._u_shape(p), lr.factor_dtype(p)) if lr.is_matrix(p)
+                else jnp.zeros(jnp.shape(p), lr.factor_dtype(p)) for p in leaves)
     return LOZOState(v=v, momentum=mom)
 
   def in_effect(self, hyper, count, params, state):
@@ -85,42 +85,36 @@ class LOZO(m.Method):
 
   def _factors(self, noise, state, hyper, words, i, p):
     """``(U, V)`` of matrix leaf ``i`` at this step."""
-    fresh = lr.resampled(noise.noise_key, i, self._v_shape(p))
+    fresh = lr.resampled(noise.noise_key, i, p, self._v_shape(p))
     v = jnp.where(hyper["resample"], fresh, state.v[i])
-    return lr.leaf_factor(words, i, self._u_shape(p)), v
+    return lr.leaf_factor(words, i, p, self._u_shape(p)), v
 
-  def displacement(self, noise, state, hyper, j, measured, step, after=()):
-    words = noise.words(j, after)
-    out = []
-    for i, p in enumerate(noise.leaves):
-      if lr.is_matrix(p):
-        u, v = self._factors(noise, state, hyper, words, i, p)
-        d = lr.outer(u, v)
-      else:
-        d = words.noise(noise.sampler, i, p)
-      out.append(step.astype(d.dtype) * d)
-    return out
+  def direction_leaf(self, noise, state, hyper, words, i, leaf):
+    if not lr.is_matrix(leaf):
+      return words.noise(noise.sampler, i, leaf)
+    return lr.outer(*self._factors(noise, state, hyper, words, i, leaf))
 
   def estimate(self, noise, state, hyper, params, measured):
     dtype = measured.values.dtype
     lp, lm = m.probe_values(self, measured, dtype)
     c, finite = spsa.projections(hyper, lp[0], lm[0], dtype)
-    c = jax.lax.optimization_barrier(c).astype(jnp.float32)
-    beta = jnp.float32(self.momentum)
+    c = jax.lax.optimization_barrier(c)
+    beta = self.momentum
     words = noise.words(0)
     g, new_v, new_m = [], [], []
     for i, p in enumerate(params):
+      cf = c.astype(lr.factor_dtype(p))
       if lr.is_matrix(p):
         u, v = self._factors(noise, state, hyper, words, i, p)
         new_v.append(v)
         if not self.momentum:
-          g.append(c * lr.outer(u, v))
+          g.append(cf * lr.outer(u, v))
           continue
         old_v = state.v[i]
-        n = jnp.float32(jnp.shape(p)[-1])
+        n = jnp.shape(p)[-1]
         carried = state.momentum[i] @ (jnp.swapaxes(old_v, -1, -2) @ v) / n
         mom = jnp.where(hyper["resample"], carried, state.momentum[i])
-        mom = jnp.where(hyper["first"], c * u, beta * mom + (1 - beta) * c * u)
+        mom = jnp.where(hyper["first"], cf * u, beta * mom + (1 - beta) * cf * u)
         mom = jnp.where(finite, mom, state.momentum[i])
         new_m.append(mom)
         g.append(jnp.where(finite, lr.outer(mom, v), 0))
@@ -128,9 +122,9 @@ class LOZO(m.Method):
         new_v.append(None)
         z = words.noise(noise.sampler, i, p)
         if not self.momentum:
-          g.append(c.astype(z.dtype) * z)
+          g.append(cf * z)
           continue
-        mom = jnp.where(hyper["first"], c * z, beta * state.momentum[i] + (1 - beta) * c * z)
+        mom = jnp.where(hyper["first"], cf * z, beta * state.momentum[i] + (1 - beta) * cf * z)
         mom = jnp.where(finite, mom, state.momentum[i])
         new_m.append(mom)
         g.append(jnp.where(finite, mom, 0).astype(z.dtype))

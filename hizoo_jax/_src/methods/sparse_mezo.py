@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from hizoo_jax._src import config as cfg
-from hizoo_jax._src import method as m
 from hizoo_jax._src.methods import spsa
 
 _BITS = 32
@@ -46,6 +45,12 @@ class SparseMeZOState(NamedTuple):
 
 def _masked(leaf) -> bool:
   return jnp.ndim(leaf) >= 2
+
+
+def _compare_dtype(leaf):
+  """Magnitudes are compared in the leaf's dtype, at least float32 (exact for every
+  float dtype: a threshold is one of the leaf's own magnitudes or between two of them)."""
+  return jnp.promote_types(jnp.result_type(leaf), jnp.float32)
 
 
 def pack(mask: jax.Array) -> jax.Array:
@@ -66,7 +71,7 @@ def unpack(packed: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class SparseMeZO(m.Method):
+class SparseMeZO(spsa.SPSA):
   """Sparse MeZO's method object: ``D = m * z`` with ``m`` the step's magnitude mask."""
 
   name = "sparse_mezo"
@@ -83,48 +88,24 @@ class SparseMeZO(m.Method):
       raise TypeError("sparsity must be concrete at init (it sets the thresholds); under "
                       "optax.inject_hyperparams list it in static_args")
     q = 1.0 - float(s)
-    h = [jnp.quantile(jnp.abs(jnp.asarray(p, jnp.float32)).ravel(), q) if _masked(p)
-         else jnp.asarray(jnp.inf, jnp.float32) for p in jax.tree.leaves(params)]
-    return SparseMeZOState(thresholds=jnp.stack(h) if h else jnp.zeros([0], jnp.float32))
-
-  def in_effect(self, hyper, count, params, state):
-    return {**spsa.mu_in_effect(hyper, params), "center": jnp.asarray(False)}
+    leaves = jax.tree.leaves(params)
+    dtype = jnp.result_type(jnp.float32, *[_compare_dtype(p) for p in leaves])
+    h = [jnp.quantile(jnp.abs(jnp.asarray(p, _compare_dtype(p))).ravel(), q).astype(dtype)
+         if _masked(p) else jnp.asarray(jnp.inf, dtype) for p in leaves]
+    return SparseMeZOState(thresholds=jnp.stack(h) if h else jnp.zeros([0], dtype))
 
   def prepare(self, leaves, state, hyper):
     if state.thresholds.shape[0] != len(leaves):
       raise ValueError(f"the Sparse MeZO state has {state.thresholds.shape[0]} thresholds "
                        f"but the params have {len(leaves)} leaves: is the optimizer state "
                        "from another model?")
-    return [pack(jnp.abs(jnp.asarray(p, jnp.float32)) <= state.thresholds[i])
+    return [pack(jnp.abs(jnp.asarray(p, _compare_dtype(p)))
+                 <= state.thresholds[i].astype(_compare_dtype(p)))
             if _masked(p) else None for i, p in enumerate(leaves)]
 
-  def _masked_noise(self, noise, words, i, p):
-    z = words.noise(noise.sampler, i, p)
+  def direction_leaf(self, noise, state, hyper, words, i, leaf):
+    z = words.noise(noise.sampler, i, leaf)
     packed = noise.prepared[i]
     if packed is None:
       return z
     return jnp.where(unpack(packed, z.shape), z, jnp.zeros((), z.dtype))
-
-  def displacement(self, noise, state, hyper, j, measured, step, after=()):
-    words = noise.words(j, after)
-    return [step.astype(d.dtype) * d for d in
-            (self._masked_noise(noise, words, i, p) for i, p in enumerate(noise.leaves))]
-
-  def estimate(self, noise, state, hyper, params, measured):
-    dtype = measured.values.dtype
-    lp, lm = m.probe_values(self, measured, dtype)
-    g = m.noise_zeros(params)
-    n_valid = jnp.zeros((), jnp.int32)
-    total = jnp.zeros((), dtype)
-    for j in range(self.num_probes):
-      proj, finite = spsa.projections(hyper, lp[j], lm[j], dtype)
-      total = total + proj
-      proj = jax.lax.optimization_barrier(proj)
-      words = noise.words(j)
-      g = [a + proj.astype(a.dtype) * self._masked_noise(noise, words, i, p)
-           for i, (a, p) in enumerate(zip(g, params, strict=True))]
-      n_valid = n_valid + finite.astype(jnp.int32)
-    denom = jnp.maximum(n_valid, 1)
-    g = [a / denom.astype(a.dtype) for a in g]
-    return g, state, dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid,
-                          projected=total / denom.astype(dtype))

@@ -43,9 +43,23 @@ def projections(hyper, lp, lm, dtype, valid=True):
   return jnp.where(finite, (lp - lm) / (2 * mu), 0), finite
 
 
+def two_sided_coefs(method: m.Method, hyper, measured: m.Measured):
+  """``(coefs, n_valid, projected)`` of a two-sided method: each probe's ``(l+ - l-) /
+  (2 mu)`` (0 where a value is not finite), how many probes were valid, their mean."""
+  dtype = measured.values.dtype
+  lp, lm = m.probe_values(method, measured, dtype)
+  coefs, finite = projections(hyper, lp, lm, dtype)
+  n_valid = jnp.sum(finite.astype(jnp.int32), dtype=jnp.int32)
+  # Materialised once: otherwise XLA copies this scalar logic into every leaf's fused
+  # pass, which multiplies the compile time of models with many tensors.
+  coefs = jax.lax.optimization_barrier(coefs)
+  return coefs, n_valid, jnp.sum(coefs) / jnp.maximum(n_valid, 1).astype(dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class SPSA(m.Method):
-  """MeZO: ``D_j = z_j``, the two-sided difference along it."""
+  """MeZO: ``D_j = z_j``, the two-sided difference along it. Methods that only change the
+  direction (Sparse MeZO's mask, SubZero's subspace) derive from it."""
 
   name = "mezo"
 
@@ -55,32 +69,10 @@ class SPSA(m.Method):
   def in_effect(self, hyper, count, params, state):
     return {**mu_in_effect(hyper, params), "center": jnp.asarray(False)}
 
-  def displacement(self, noise, state, hyper, j, measured, step, after=()):
-    words = noise.words(j, after)
-    out = []
-    for i, p in enumerate(noise.leaves):
-      z = words.noise(noise.sampler, i, p)
-      out.append(step.astype(z.dtype) * z)
-    return out
-
   def estimate(self, noise, state, hyper, params, measured):
-    dtype = measured.values.dtype
-    lp, lm = m.probe_values(self, measured, dtype)
-    g = m.noise_zeros(params)
-    n_valid = jnp.zeros((), jnp.int32)
-    total = jnp.zeros((), dtype)
-    for j in range(self.num_probes):
-      proj, finite = projections(hyper, lp[j], lm[j], dtype)
-      total = total + proj
-      # Materialised once: otherwise XLA copies this scalar logic into every leaf's fused
-      # pass, which multiplies the compile time of models with many tensors.
-      proj = jax.lax.optimization_barrier(proj)
-      words = noise.words(j)
-      g = [a + proj.astype(a.dtype) * words.noise(noise.sampler, i, p)
-           for i, (a, p) in enumerate(zip(g, params, strict=True))]
-      n_valid = n_valid + finite.astype(jnp.int32)
-    denom = jnp.maximum(n_valid, 1)
-    g = [a / denom.astype(a.dtype) for a in g]
+    lp, lm = m.probe_values(self, measured, measured.values.dtype)
+    coefs, n_valid, projected = two_sided_coefs(self, hyper, measured)
+    g = m.mean_over_valid(self.combine(noise, state, hyper, params, coefs), n_valid)
     stats = dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid,
-                 projected=total / denom.astype(dtype))
+                 projected=projected)
     return g, state, stats

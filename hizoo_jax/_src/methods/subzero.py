@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from hizoo_jax._src import config as cfg
-from hizoo_jax._src import method as m
 from hizoo_jax._src.methods import lowrank as lr
 from hizoo_jax._src.methods import spsa
 
@@ -39,7 +38,7 @@ class SubZeroState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class SubZero(m.Method):
+class SubZero(spsa.SPSA):
   """SubZero's method object."""
 
   name = "subzero"
@@ -58,57 +57,35 @@ class SubZero(m.Method):
     leaves = jax.tree.leaves(params)
     shapes = [self._shapes(p) if lr.is_matrix(p) else None for p in leaves]
     return SubZeroState(
-        u=tuple(None if s is None else jnp.zeros(s[0], jnp.float32) for s in shapes),
-        v=tuple(None if s is None else jnp.zeros(s[1], jnp.float32) for s in shapes))
+        u=tuple(None if s is None else jnp.zeros(s[0], lr.factor_dtype(p))
+                for s, p in zip(shapes, leaves, strict=True)),
+        v=tuple(None if s is None else jnp.zeros(s[1], lr.factor_dtype(p))
+                for s, p in zip(shapes, leaves, strict=True)))
 
   def in_effect(self, hyper, count, params, state):
-    return {**spsa.mu_in_effect(hyper, params), "center": jnp.asarray(False),
+    return {**super().in_effect(hyper, count, params, state),
             "resample": lr.every(hyper["resample_every"], count)}
 
   def _subspace(self, noise, state, hyper, i, p):
     su, sv, _ = self._shapes(p)
-    u = lr.orthonormal(lr.resampled(noise.noise_key, i, su, salt=0))
-    v = lr.orthonormal(lr.resampled(noise.noise_key, i, sv, salt=1))
+    u = lr.orthonormal(lr.resampled(noise.noise_key, i, p, su, salt=0))
+    v = lr.orthonormal(lr.resampled(noise.noise_key, i, p, sv, salt=1))
     return (jnp.where(hyper["resample"], u, state.u[i]),
             jnp.where(hyper["resample"], v, state.v[i]))
 
-  def _direction(self, noise, state, hyper, words, i, p):
-    if not lr.is_matrix(p):
-      return words.noise(noise.sampler, i, p)
-    u, v = self._subspace(noise, state, hyper, i, p)
-    z0 = lr.leaf_factor(words, i, self._shapes(p)[2])
-    m_, n_ = jnp.shape(p)[-2:]
-    scale = np.float32(np.sqrt(m_ * n_) / u.shape[-1])
-    return lr.outer((u @ z0) * scale, v)
-
-  def displacement(self, noise, state, hyper, j, measured, step, after=()):
-    words = noise.words(j, after)
-    out = []
-    for i, p in enumerate(noise.leaves):
-      d = self._direction(noise, state, hyper, words, i, p)
-      out.append(step.astype(d.dtype) * d)
-    return out
+  def direction_leaf(self, noise, state, hyper, words, i, leaf):
+    if not lr.is_matrix(leaf):
+      return words.noise(noise.sampler, i, leaf)
+    u, v = self._subspace(noise, state, hyper, i, leaf)
+    z0 = lr.leaf_factor(words, i, leaf, self._shapes(leaf)[2])
+    m_, n_ = jnp.shape(leaf)[-2:]
+    scale = np.sqrt(m_ * n_) / u.shape[-1]
+    return lr.outer((u @ z0) * jnp.asarray(scale, u.dtype), v)
 
   def estimate(self, noise, state, hyper, params, measured):
-    dtype = measured.values.dtype
-    lp, lm = m.probe_values(self, measured, dtype)
-    g = m.noise_zeros(params)
-    n_valid = jnp.zeros((), jnp.int32)
-    total = jnp.zeros((), dtype)
-    for j in range(self.num_probes):
-      c, finite = spsa.projections(hyper, lp[j], lm[j], dtype)
-      total = total + c
-      c = jax.lax.optimization_barrier(c)
-      words = noise.words(j)
-      g = [a + c.astype(a.dtype) * self._direction(noise, state, hyper, words, i, p)
-           for i, (a, p) in enumerate(zip(g, params, strict=True))]
-      n_valid = n_valid + finite.astype(jnp.int32)
-    denom = jnp.maximum(n_valid, 1)
-    g = [a / denom.astype(a.dtype) for a in g]
+    g, _, stats = super().estimate(noise, state, hyper, params, measured)
     subspaces = [self._subspace(noise, state, hyper, i, p) if lr.is_matrix(p) else (None, None)
                  for i, p in enumerate(params)]
     new_state = SubZeroState(u=tuple(s[0] for s in subspaces),
                              v=tuple(s[1] for s in subspaces))
-    stats = dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid,
-                 projected=total / denom.astype(dtype))
     return g, new_state, stats

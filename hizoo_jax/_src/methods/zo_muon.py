@@ -39,9 +39,10 @@ NS_STEPS = 5
 
 
 def newton_schulz(r: jax.Array, steps: int = NS_STEPS, eps: float = 1e-7) -> jax.Array:
-  """Muon's quintic Newton-Schulz orthogonalisation of ``r [..., a, b]`` (float32)."""
+  """Muon's quintic Newton-Schulz orthogonalisation of ``r [..., a, b]`` (at least
+  float32)."""
   a, b, c = NS_COEFFS
-  x = r.astype(jnp.float32)
+  x = r.astype(jnp.promote_types(r.dtype, jnp.float32))
   x = x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + eps)
   wide = x.shape[-2] <= x.shape[-1]
   if not wide:
@@ -82,7 +83,7 @@ class ZOMuon(m.Method):
     return shape[:-1] + (r,), shape[:-2] + (shape[-1], r)  # P, u_i^T
 
   def init(self, params, hyper):
-    return ZOMuonState(p=tuple(jnp.zeros(self._shapes(x)[0], jnp.float32)
+    return ZOMuonState(p=tuple(jnp.zeros(self._shapes(x)[0], lr.factor_dtype(x))
                                if lr.is_matrix(x) else None for x in jax.tree.leaves(params)))
 
   def in_effect(self, hyper, count, params, state):
@@ -90,36 +91,31 @@ class ZOMuon(m.Method):
             "resample": lr.every(hyper["resample_every"], count)}
 
   def _projector(self, noise, state, hyper, i, x):
-    fresh = lr.orthonormal(lr.resampled(noise.noise_key, i, self._shapes(x)[0]),
+    fresh = lr.orthonormal(lr.resampled(noise.noise_key, i, x, self._shapes(x)[0]),
                            sign_fix=True)
     return jnp.where(hyper["resample"], fresh, state.p[i])
 
-  def displacement(self, noise, state, hyper, j, measured, step, after=()):
-    words = noise.words(j, after)
-    out = []
-    for i, x in enumerate(noise.leaves):
-      if lr.is_matrix(x):
-        proj = self._projector(noise, state, hyper, i, x)
-        d = lr.outer(proj, lr.leaf_factor(words, i, self._shapes(x)[1]))
-      else:
-        d = words.noise(noise.sampler, i, x)
-      out.append(step.astype(d.dtype) * d)
-    return out
+  def direction_leaf(self, noise, state, hyper, words, i, leaf):
+    if not lr.is_matrix(leaf):
+      return words.noise(noise.sampler, i, leaf)
+    proj = self._projector(noise, state, hyper, i, leaf)
+    return lr.outer(proj, lr.leaf_factor(words, i, leaf, self._shapes(leaf)[1]))
 
   def estimate(self, noise, state, hyper, params, measured):
     dtype = measured.values.dtype
     l0 = jnp.asarray(measured.center, dtype)
     mu = hyper["mu"].astype(dtype)
     finite = jnp.isfinite(measured.values) & jnp.isfinite(l0) & hyper["mu_ok"]
-    n = jnp.sum(finite.astype(jnp.int32))
+    n = jnp.sum(finite.astype(jnp.int32), dtype=jnp.int32)
     coefs = jnp.where(finite, (measured.values - l0) / mu, 0) / jnp.maximum(n, 1)
-    coefs = jax.lax.optimization_barrier(coefs).astype(jnp.float32)
+    coefs = jax.lax.optimization_barrier(coefs)
     g, new_p = [], []
     for i, x in enumerate(params):
       if lr.is_matrix(x):
         proj = self._projector(noise, state, hyper, i, x)
         new_p.append(proj)
-        r_t = sum(coefs[j] * lr.leaf_factor(noise.words(j), i, self._shapes(x)[1])
+        dt = lr.factor_dtype(x)
+        r_t = sum(coefs[j].astype(dt) * lr.leaf_factor(noise.words(j), i, x, self._shapes(x)[1])
                   for j in range(self.num_probes))  # R^T [..., n, r]
         ortho = jnp.swapaxes(newton_schulz(jnp.swapaxes(r_t, -1, -2)), -1, -2)
         g.append(jnp.where(n > 0, lr.outer(proj, ortho), 0))
