@@ -205,6 +205,38 @@ def versus(name: str, baseline: str, results: str) -> str:
   return "\n\n".join(out)
 
 
+def plot_versus(name: str, baseline: str, results: str, task: str, path: str) -> None:
+  """Training-set loss against forward passes: the tuned baseline and every selected row
+  of table ``name`` on ``task``, one line per seed."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  base_rows = selected_runs(baseline, results, task)
+  if not base_rows:
+    return
+  b = min(base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
+  rows = [(f"{b[0]} (baseline)", b[1], b[2]), *selected_runs(name, results, task)]
+  fig, ax = plt.subplots(figsize=(8, 4.8))
+  for i, (label, lr, rs) in enumerate(rows):
+    for j, r in enumerate(x for x in rs.values() if x is not None):
+      pts = [(c["fp"], c["train_loss"]) for c in r["curve"]
+             if c["train_loss"] is not None and np.isfinite(c["train_loss"])]
+      ax.plot(*zip(*pts, strict=True), color=f"C{i}", lw=1.6 if i == 0 else 1.0,
+              ls="-" if i == 0 or "control" not in label else "--", alpha=0.85,
+              label=f"{label.strip()}, lr {lr:.3g}" if j == 0 else None)
+  ax.set_xlabel("forward passes")
+  ax.set_ylabel("training-set loss")
+  ax.set_yscale("log")
+  ax.set_title(f"{task}: {name} against {baseline}")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def plot(grid: run.Grid, bests: dict, results: str, path: str) -> None:
   """Training-set loss against forward passes at each schedule's selected lr."""
   import matplotlib
@@ -266,6 +298,11 @@ def main(argv=None) -> None:
     print(report(name, a.results, None if a.no_plot else FIGURES))
     if a.versus:
       print("\n" + versus(name, a.versus, a.results))
+      if not a.no_plot:
+        for task in sorted({g.task for g in run.TABLES[name]}):
+          png = os.path.join(FIGURES, f"choosing_{name}_vs_{a.versus}_{task}.png")
+          plot_versus(name, a.versus, a.results, task, png)
+          print(f"(plot: {os.path.relpath(png, ROOT)})")
 
 
 if __name__ == "__main__":
