@@ -403,8 +403,9 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       "task_info": hist.get("task_info", inst.info),
       "num_params": d,
       "fp_source": ("state counter (forward_passes), checked against the harness count"
-                    if has_counter else "harness count from the method's cost"
-                    if method.cost is not None else "state counter (forward_passes)"),
+                    if has_counter and method.cost is not None
+                    else "state counter (forward_passes)" if has_counter
+                    else "harness count from the method's cost"),
       "fp_per_step_mean": mean_cost,
       "schedule_horizon_steps": horizon,
       "steps": hist["t"],

@@ -152,6 +152,20 @@ TABLES.update({
                                    (0,), 20_000, 2_000, refresh=2_000),
     "sst2_lora_oracle": oracle_grids("sst2_lora_full", (-12, -10, -14, -8, -16),
                                      ("constant",), (0,), 20_000, 2_000, refresh=2_000),
+    # The methods added to the library in 0.4 (hizoo_jax from commit b7ea8e7 on), each with
+    # its key option: FZOO's probes (num_directions), the low-rank methods' rank. Constant
+    # lr, as the HiZOO rows; the same half-decade grid as MeZO, widened and refined.
+    "digits_methods": [
+        *[Grid("digits", "fzoo", tuple(range(-16, -3, 2)), ("constant",), (0, 1, 2), 40_000,
+               2_000, (("mu", 1e-3), ("num_directions", n)), f"_n{n}") for n in (4, 8, 16)],
+        Grid("digits", "sparse_mezo", tuple(range(-16, -3, 2)), ("constant",), (0, 1, 2),
+             40_000, 2_000, MEZO_MU),
+        Grid("digits", "forward_gradient", tuple(range(-16, -3, 2)), ("constant",), (0, 1, 2),
+             40_000, 2_000),
+        *[Grid("digits", m, tuple(range(-16, -3, 2)), ("constant",), (0, 1, 2), 40_000, 2_000,
+               (("mu", 1e-3), ("rank", r)), f"_r{r}")
+          for m in ("lozo", "subzero", "zo_muon") for r in (2, 8)],
+    ],
     # The paper's test functions: float32, one seed per noise draw, 3 seeds.
     "testfn_mezo": [Grid(f, "mezo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2),
                          6_000, 300, MEZO_MU) for f in ("fa", "fb", "fc")],
