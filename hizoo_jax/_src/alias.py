@@ -188,7 +188,7 @@ fzoo = _alias("fzoo", transform.scale_by_fzoo, """FZOO: ``theta <- theta - lr * 
 
 forward_gradient = _alias(
     "forward_gradient", transform.scale_by_forward_gradient,
-    """Forward-gradient descent: ``theta <- theta - lr * ((grad f . z) z + wd * theta)``.
+    """Forward-gradient descent: ``theta <- theta - lr * (<grad f, z> z + wd * theta)``.
 
   The directional derivative comes from ``jax.jvp`` (see
   :func:`hizoo_jax.scale_by_forward_gradient`): exact, no perturbation scale.

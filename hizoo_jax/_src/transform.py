@@ -520,7 +520,7 @@ def scale_by_forward_gradient(
     sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
     seed: int | jax.Array = 0,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""The forward-gradient estimate ``g = 1/n sum_j (grad f . z_j) z_j`` by ``jax.jvp``.
+  r"""The forward-gradient estimate ``g = 1/n sum_j <grad f, z_j> z_j`` by ``jax.jvp``.
 
   The directional derivative is exact (no perturbation scale, no finite difference), so
   it behaves like SPSA at ``mu -> 0`` and does not lose ``l+ - l-`` to rounding in bf16.
