@@ -124,13 +124,18 @@ def hizoo_grids(task, method, exponents, schedules, seeds, budget, eval_every, a
 
 
 def oracle_grids(task, exponents, schedules, seeds, budget, eval_every, refresh, mu=1e-3,
-                 samples=32) -> list[Grid]:
+                 samples=32, floors=(1e-2, 1.0)) -> list[Grid]:
   """The curvature oracle: per-parameter and per-tensor, fixed and refreshed every
-  ``refresh`` steps, each its own lr grid."""
+  ``refresh`` steps, each its own lr grid, for each floor of ``H / mean H``: 1e-2 lets the
+  flattest directions take 100x the average step, 1 only shortens the steep ones (on
+  digits the fixed per-parameter oracle with 1e-2 diverged at every lr >= 1e-4)."""
+  def opts(kind, r, floor):
+    o = (("mu", mu), ("oracle", kind), ("refresh", r), ("samples", samples))
+    return o + ((("floor", floor),) if floor != 1e-2 else ())
+
   return [Grid(task, "oracle", exponents, schedules, seeds, budget, eval_every,
-               (("mu", mu), ("oracle", kind), ("refresh", r), ("samples", samples)),
-               f"_{kind}_r{r}")
-          for kind in ("diag", "tensor") for r in (0, refresh)]
+               opts(kind, r, floor), f"_{kind}_r{r}" + ("" if floor == 1e-2 else f"_f{floor:g}"))
+          for floor in floors for kind in ("diag", "tensor") for r in (0, refresh)]
 
 
 TABLES.update({
