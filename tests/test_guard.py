@@ -77,7 +77,8 @@ def test_inject_hyperparams_checks_its_concrete_values_at_init():
 
 def test_the_state_is_the_chain_tuple_plus_the_guard_counts():
   state = hz.hizoo(1e-2).init(mlp())
-  assert isinstance(state[0], hz.HiZOOState)  # state[0] is still the estimator's
+  assert isinstance(state[0], hz.ZOState)  # state[0] is still the estimator's
+  assert isinstance(state[0].method, hz.HiZOOState)
   assert isinstance(state[-1], guard.GuardState)
   assert int(otu.tree_get(state, "skipped_bad_hyperparams")) == 0
 

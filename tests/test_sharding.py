@@ -34,11 +34,11 @@ def test_state_shardings_follow_the_params():
   sh = {"w": NamedSharding(mesh, P("fsdp", None)), "b": NamedSharding(mesh, P())}
   state = hz.hizoo_l(1e-3).init(params)
   out = hz.state_shardings(state, params, sh)
-  h = out[0].hessian
+  h = out[0].method.hessian
   assert h["w"].row.spec == P("fsdp") and h["w"].col.spec == P(None)
   assert h["b"].spec == P()
   assert out[0].key.spec == P() and out[0].count.spec == P()
-  dense = hz.state_shardings(hz.hizoo(1e-3).init(params), params, sh)[0].hessian
+  dense = hz.state_shardings(hz.hizoo(1e-3).init(params), params, sh)[0].method.hessian
   assert dense["w"].spec == P("fsdp", None)
   # a chain with params-shaped moments after the ZO estimate
   import optax

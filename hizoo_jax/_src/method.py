@@ -47,7 +47,6 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hizoo_jax._src import sampling
 
@@ -253,12 +252,10 @@ def mean_over_valid(g: list, n_valid: jax.Array) -> list:
 
 
 def noise_zeros(leaves: list) -> list:
+  """Zeros shaped like each leaf, in its noise dtype: the start of an estimate's sum."""
   return [jnp.zeros(jnp.shape(p), sampling.noise_dtype(jnp.result_type(p))) for p in leaves]
 
 
 def scale_leaf(direction: jax.Array, scale: Any) -> jax.Array:
+  """``scale * direction`` (``scale`` None: the direction itself), in the direction's dtype."""
   return direction if scale is None else scale.astype(direction.dtype) * direction
-
-
-def as_static_int(x: Any) -> int:
-  return int(np.asarray(x))
