@@ -152,129 +152,65 @@ hizoo_l.__signature__ = _signature(  # type: ignore[attr-defined]
     transform.HIZOO_OPTIONS, drop=("factored",))
 
 
-def _alias(name: str, scale_fn, doc: str):
+def _alias(name: str, scale_fn, summary: str, reference: str):
   """An alias ``name(learning_rate, *, weight_decay=0, weight_decay_mask=None, **options)``
-  that chains ``scale_fn(**options)`` with weight decay and the learning rate."""
+  that chains ``scale_fn(**options)`` with weight decay and the learning rate; its
+  docstring is ``summary``, the shared arguments and ``reference``."""
 
   def alias(learning_rate, *, weight_decay=0.0, weight_decay_mask=None, **options):
     return _with_decay_and_lr(scale_fn(**options), learning_rate, weight_decay,
                               weight_decay_mask)
 
+  options = [p for p in inspect.signature(scale_fn).parameters.values()]
   alias.__name__ = alias.__qualname__ = name
-  alias.__doc__ = doc
+  alias.__doc__ = f"""{summary}
+
+  ``theta <- theta - lr * (g + weight_decay * theta)`` with ``g`` the estimate of
+  :func:`hizoo_jax.{scale_fn.__name__}`.
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    weight_decay: L2 coefficient added to the estimate.
+    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
+    **options: {", ".join(f"``{p.name}``" for p in options)}: as in
+      :func:`hizoo_jax.{scale_fn.__name__}`.
+
+  References:
+    {reference}
+  """
   alias.__signature__ = _signature(tuple(  # type: ignore[attr-defined]
-      p.replace(kind=_KW) for p in inspect.signature(scale_fn).parameters.values()))
+      p.replace(kind=_KW) for p in options))
   return alias
 
 
-fzoo = _alias("fzoo", transform.scale_by_fzoo, """FZOO: ``theta <- theta - lr * (g + wd * theta)``.
-
-  ``g_fzoo`` is the normalised one-sided estimate of :func:`hizoo_jax.scale_by_fzoo`
-  (``N + 1`` forward passes a step, default ``N = 8``, Rademacher probes). Its step has the
-  scale of a normalised gradient, so its learning rates are far above MeZO's (the
-  reference scripts use 1e-5 to 5e-5 for OPT models).
-
-  Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate.
-    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
-    **options: ``mu``, ``num_directions``, ``sampler``, ``seed``, ``mu_resolution``: as in
-      :func:`hizoo_jax.scale_by_fzoo`.
-
-  References:
-    Dang et al., ICLR 2026.
-  """)
-
+fzoo = _alias(
+    "fzoo", transform.scale_by_fzoo,
+    "FZOO: one-sided Rademacher probes, the step normalised by the spread of their losses "
+    "(``N + 1`` forward passes, default ``N = 8``; learning rates far above MeZO's).",
+    "Dang et al., ICLR 2026.")
 
 forward_gradient = _alias(
     "forward_gradient", transform.scale_by_forward_gradient,
-    """Forward-gradient descent: ``theta <- theta - lr * (<grad f, z> z + wd * theta)``.
-
-  The directional derivative comes from ``jax.jvp`` (see
-  :func:`hizoo_jax.scale_by_forward_gradient`): exact, no perturbation scale.
-
-  Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate.
-    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
-    **options: ``num_directions``, ``sampler``, ``seed``.
-
-  References:
-    Baydin et al., 2022; Zhang et al., ICML 2024 (ZO-Bench's Forward-Grad).
-  """)
-
+    "Forward-gradient descent: the exact directional derivative by ``jax.jvp``.",
+    "Baydin et al., 2022; Zhang et al., ICML 2024 (ZO-Bench's Forward-Grad).")
 
 sparse_mezo = _alias(
     "sparse_mezo", transform.scale_by_sparse_mezo,
-    """Sparse MeZO: MeZO on the small-magnitude weights of each matrix.
-
-  ``theta <- theta - lr * (g + weight_decay * theta)`` with ``g`` the masked SPSA estimate of
-  :func:`hizoo_jax.scale_by_sparse_mezo` (default ``sparsity = 0.8``: the 20% smallest
-  weights of each matrix, thresholds set at ``init``, mask recomputed every step).
-
-  Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate.
-    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
-    **options: ``mu``, ``sparsity``, ``num_directions``, ``sampler``, ``seed``.
-
-  References:
-    Liu et al., NeurIPS 2025.
-  """)
-
+    "Sparse MeZO: MeZO on the small-magnitude weights of each matrix (default 20%).",
+    "Liu et al., NeurIPS 2025.")
 
 lozo = _alias(
     "lozo", transform.scale_by_lozo,
-    """LOZO / LOZO-M: low-rank ``U V^T`` perturbations per matrix.
-
-  ``theta <- theta - lr * (g + weight_decay * theta)`` with ``g`` the estimate of
-  :func:`hizoo_jax.scale_by_lozo` (``momentum > 0``: LOZO-M's factor-space momentum).
-
-  Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate.
-    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
-    **options: ``mu``, ``rank``, ``resample_every``, ``momentum``, ``sampler``, ``seed``.
-
-  References:
-    Chen et al., ICLR 2025.
-  """)
-
+    "LOZO / LOZO-M: low-rank ``U V^T`` perturbations per matrix (``momentum > 0``: LOZO-M).",
+    "Chen et al., ICLR 2025.")
 
 subzero = _alias(
     "subzero", transform.scale_by_subzero,
-    """SubZero: SPSA in random orthonormal subspaces of each matrix.
-
-  ``theta <- theta - lr * (g + weight_decay * theta)`` with ``g`` the estimate of
-  :func:`hizoo_jax.scale_by_subzero`.
-
-  Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate.
-    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
-    **options: ``mu``, ``rank``, ``resample_every``, ``num_directions``, ``sampler``,
-      ``seed``.
-
-  References:
-    Yu et al., ICCV 2025.
-  """)
-
+    "SubZero: SPSA in random orthonormal subspaces of each matrix.",
+    "Yu et al., ICCV 2025.")
 
 zo_muon = _alias(
     "zo_muon", transform.scale_by_zo_muon,
-    """ZO-Muon: subspace probes and a Newton-Schulz-orthogonalised step.
-
-  ``theta <- theta - lr * (g + weight_decay * theta)`` with ``g`` the estimate of
-  :func:`hizoo_jax.scale_by_zo_muon` (orthogonalised per matrix: the learning rate is a
-  step length, 1e-2 in the reference README for OPT-13B).
-
-  Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate.
-    weight_decay_mask: optional tree of bools (or callable) selecting decayed leaves.
-    **options: ``mu``, ``rank``, ``num_directions``, ``resample_every``, ``vector_scale``,
-      ``sampler``, ``seed``.
-
-  References:
-    arXiv 2602.17155, 2026.
-  """)
+    "ZO-Muon: subspace probes and a Newton-Schulz-orthogonalised step per matrix (the "
+    "learning rate is a step length: 1e-2 in the reference README).",
+    "arXiv 2602.17155, 2026.")

@@ -27,24 +27,23 @@ def concrete(x: Any) -> np.ndarray | None:
     return None
 
 
-def check_positive(name: str, value: Any) -> None:
+def _check_number(name: str, value: Any, zero_ok: bool) -> None:
   v = concrete(value)
   if v is None:
     return
   if v.ndim != 0 or not jnp.issubdtype(v.dtype, jnp.number):
     raise TypeError(f"{name} must be a scalar number, got {value!r}")
-  if not np.isfinite(v) or v <= 0:
-    raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+  if not np.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+    raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0, "
+                     f"got {value!r}")
+
+
+def check_positive(name: str, value: Any) -> None:
+  _check_number(name, value, zero_ok=False)
 
 
 def check_nonnegative(name: str, value: Any) -> None:
-  v = concrete(value)
-  if v is None:
-    return
-  if v.ndim != 0 or not jnp.issubdtype(v.dtype, jnp.number):
-    raise TypeError(f"{name} must be a scalar number, got {value!r}")
-  if not np.isfinite(v) or v < 0:
-    raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+  _check_number(name, value, zero_ok=True)
 
 
 def check_unit_interval(name: str, value: Any) -> None:

@@ -18,11 +18,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hizoo_jax._src import config as cfg
 from hizoo_jax._src import sampling
 
 # Tags folded into the step's noise key for the lazily resampled factors, so that they
 # never share a stream with the probes' noise (which folds in the probe index 0, 1, ...).
 FACTOR_TAG = 0x4C524B31  # "LRK1"
+
+
+def check_options(rank, hyper) -> None:
+  """The options every low-rank method takes: ``mu``, ``rank`` and ``resample_every``."""
+  cfg.check_positive("mu", hyper["mu"])
+  cfg.check_nonnegative("mu_resolution", hyper.get("mu_resolution", 0.0))
+  cfg.check_int("rank", rank, 1)
+  cfg.check_int("resample_every", hyper["resample_every"], 1)
 
 
 def is_matrix(leaf) -> bool:

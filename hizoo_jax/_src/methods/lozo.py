@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
 from hizoo_jax._src.methods import lowrank as lr
 from hizoo_jax._src.methods import spsa
@@ -56,9 +55,7 @@ class LOZO(m.Method):
   momentum: float = 0.0
 
   def check(self, hyper):
-    spsa.check_mu(hyper)
-    cfg.check_int("rank", self.rank, 1)
-    cfg.check_int("resample_every", hyper["resample_every"], 1)
+    lr.check_options(self.rank, hyper)
     if not 0.0 <= self.momentum < 1.0:
       raise ValueError(f"momentum must lie in [0, 1), got {self.momentum!r}")
 

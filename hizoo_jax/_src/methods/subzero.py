@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hizoo_jax._src import config as cfg
 from hizoo_jax._src.methods import lowrank as lr
 from hizoo_jax._src.methods import spsa
 
@@ -45,9 +44,7 @@ class SubZero(spsa.SPSA):
   rank: int = 8
 
   def check(self, hyper):
-    spsa.check_mu(hyper)
-    cfg.check_int("rank", self.rank, 1)
-    cfg.check_int("resample_every", hyper["resample_every"], 1)
+    lr.check_options(self.rank, hyper)
 
   def _shapes(self, p):
     shape, r = jnp.shape(p), lr.rank_of(p, self.rank)

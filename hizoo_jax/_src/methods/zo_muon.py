@@ -73,9 +73,7 @@ class ZOMuon(m.Method):
     return m.one_sided(self.num_probes)
 
   def check(self, hyper):
-    spsa.check_mu(hyper)
-    cfg.check_int("rank", self.rank, 1)
-    cfg.check_int("resample_every", hyper["resample_every"], 1)
+    lr.check_options(self.rank, hyper)
     cfg.check_nonnegative("vector_scale", self.vector_scale)
 
   def _shapes(self, p):
