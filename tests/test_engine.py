@@ -22,6 +22,7 @@ import optax.tree_utils as otu
 import pytest
 
 import hizoo_jax as hz
+from tests.helpers import lean_step_extra
 
 TOL = dict(rtol=1e-8, atol=1e-12)
 
@@ -245,23 +246,11 @@ def test_the_step_keeps_no_params_sized_temporary(name, monkeypatch):
   params = mlp((256, 256, 256, 256), jnp.float32)
   x = jnp.zeros((8, 256), jnp.float32)
   y = jnp.zeros((8, 256), jnp.float32)
-  nbytes = sum(a.nbytes for a in jax.tree.leaves(params))
-
-  def transient(lowered):
-    m = lowered.compile().memory_analysis()
-    return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-
-  fwd = transient(jax.jit(loss_fn).lower(params, x, y))
-  state = tx.init(params)
-  step = hz.make_train_step(tx, loss_fn)
-  user = jax.jit(lambda p, s: step(p, s, x, y), donate_argnums=(0, 1))
   # Several probes: HiZOO-L also holds the blocks of its replayed factored updates; HiZOO
   # one copy of H (its final pass reads the stored H for the estimate while it writes
   # the new H in place; docs/guides/methods.md).
   bound = {"hizoo_multi": 1.1, "hizoo_l_multi": 0.1}.get(name, 0.05)
-  for where, lowered in (("top level", step.lower(params, state, x, y)),
-                         ("in a user's jit", user.lower(params, state))):
-    extra = (transient(lowered) - fwd) / nbytes
+  for where, extra in lean_step_extra(tx, loss_fn, params, x, y).items():
     assert extra <= bound, (where, extra)
 
 

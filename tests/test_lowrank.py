@@ -48,6 +48,7 @@ import hizoo_jax as hz
 from hizoo_jax._src import sampling
 from hizoo_jax._src.methods import lowrank
 from tests import test_engine as engine
+from tests.helpers import lean_step_extra
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 3
@@ -411,20 +412,7 @@ def test_the_step_keeps_no_params_sized_temporary(name):
   params = engine.mlp((256,) * 5, jnp.float32)
   x = jnp.zeros((8, 256), jnp.float32)
   y = jnp.zeros((8, 256), jnp.float32)
-  nbytes = sum(a.nbytes for a in jax.tree.leaves(params))
-
-  def transient(lowered):
-    m = lowered.compile().memory_analysis()
-    return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-
-  fwd = transient(jax.jit(engine.loss_fn).lower(params, x, y))
-  state = tx.init(params)
-  step = hz.make_train_step(tx, engine.loss_fn)
-  user = jax.jit(lambda p, s: step(p, s, x, y), donate_argnums=(0, 1))
-  extra = {}
-  for where, lowered in (("top level", step.lower(params, state, x, y)),
-                         ("in a user's jit", user.lower(params, state))):
-    extra[where] = (transient(lowered) - fwd) / nbytes
+  extra = lean_step_extra(tx, engine.loss_fn, params, x, y)
   # LOZO/LOZO-M: U V^T is formed inside the passes (0.02-0.03 measured). SubZero (0.18)
   # and ZO-Muon at rank 64 (0.99) still store a leaf-sized product per step (a known gap,
   # docs/guides/lowrank.md); the bounds pin today's numbers so a regression shows.

@@ -43,6 +43,7 @@ import pytest
 import hizoo_jax as hz
 from hizoo_jax._src import sampling
 from tests import reference_methods as ref
+from tests.helpers import lean_step_extra
 
 LR = 0.05
 MU = 1e-2
@@ -480,19 +481,7 @@ def test_the_lean_step_keeps_no_params_sized_temporary(name):
             "w2": jnp.zeros((256, 256), jnp.float32)}
   x = jnp.zeros((8, 256), jnp.float32)
   y = jnp.zeros((8, 256), jnp.float32)
-  nbytes = sum(a.nbytes for a in jax.tree.leaves(params))
-
-  def transient(lowered):
-    m = lowered.compile().memory_analysis()
-    return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-
-  fwd = transient(jax.jit(mlp_loss).lower(params, x, y))
-  state = tx.init(params)
-  step = hz.make_train_step(tx, mlp_loss, lean=True)
-  user = jax.jit(lambda p, s: step(p, s, x, y), donate_argnums=(0, 1))
-  for where, lowered in (("top level", step.lower(params, state, x, y)),
-                         ("in a user's jit", user.lower(params, state))):
-    extra = (transient(lowered) - fwd) / nbytes
+  for where, extra in lean_step_extra(tx, mlp_loss, params, x, y, lean=True).items():
     assert extra <= bound, (where, extra)
 
 
