@@ -18,24 +18,17 @@ import pytest
 
 import hizoo_jax as hz
 from hizoo_jax._src import guard
+from tests import test_engine as engine
+from tests.helpers import lean_step_extra
 
 NAN, INF = float("nan"), float("inf")
 
 
+loss_fn = engine.loss_fn
+
+
 def mlp(sizes=(6, 12, 3), dtype=jnp.float64):
-  keys = jax.random.split(jax.random.key(0), len(sizes))
-  return {f"l{i}": {"w": (jax.random.normal(k, (a, b)) / np.sqrt(a)).astype(dtype),
-                    "b": jnp.zeros((b,), dtype)}
-          for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:], strict=False))}
-
-
-def loss_fn(p, x, y):
-  h = x
-  for i in range(len(p)):
-    h = h @ p[f"l{i}"]["w"] + p[f"l{i}"]["b"]
-    if i < len(p) - 1:
-      h = jnp.tanh(h)
-  return jnp.mean((h - y) ** 2)
+  return engine.mlp(sizes, dtype)
 
 
 X = jax.random.normal(jax.random.key(1), (16, 6), jnp.float64)
@@ -170,19 +163,7 @@ def test_the_guard_adds_no_params_sized_temporary(alias, monkeypatch):
   params = mlp((256, 256, 256, 256), jnp.float32)
   x = jnp.zeros((8, 256), jnp.float32)
   y = jnp.zeros((8, 256), jnp.float32)
-  nbytes = sum(a.nbytes for a in jax.tree.leaves(params))
-
-  def transient(lowered):
-    m = lowered.compile().memory_analysis()
-    return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-
-  fwd = transient(jax.jit(loss_fn).lower(params, x, y))
-  state = tx.init(params)
-  step = hz.make_train_step(tx, loss_fn)
-  user = jax.jit(lambda p, s: step(p, s, x, y), donate_argnums=(0, 1))
-  for where, lowered in (("top level", step.lower(params, state, x, y)),
-                         ("in a user's jit", user.lower(params, state))):
-    extra = (transient(lowered) - fwd) / nbytes
+  for where, extra in lean_step_extra(tx, loss_fn, params, x, y).items():
     assert extra <= 0.05, (where, extra)
 
 
