@@ -138,14 +138,20 @@ def resolve_options(options: dict, num_params: int) -> dict:
 
 
 def make_schedule(kind: str, lr: float, horizon: int) -> optax.Schedule:
-  """``constant``, or ``cosine`` / ``linear`` decay from ``lr`` to 0 over ``horizon`` steps."""
+  """``constant``, or ``cosine`` / ``linear`` decay from ``lr`` to 0 over ``horizon`` steps;
+  ``cosine_f<x>`` / ``linear_f<x>`` decay to the floor ``x * lr`` instead of 0 (on digits,
+  HiZOO's step-size control, a decay that stops partway, beat decay to 0)."""
+  m = re.fullmatch(r"(cosine|linear)_f([0-9.]+)", kind)
+  floor = float(m.group(2)) if m else 0.0
+  kind = m.group(1) if m else kind
   if kind == "constant":
     return optax.constant_schedule(lr)
   if kind == "cosine":
-    return optax.cosine_decay_schedule(lr, max(horizon, 1))
+    return optax.cosine_decay_schedule(lr, max(horizon, 1), alpha=floor)
   if kind == "linear":
-    return optax.linear_schedule(lr, 0.0, max(horizon, 1))
-  raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
+    return optax.linear_schedule(lr, floor * lr, max(horizon, 1))
+  raise ValueError(f"schedule must be one of {SCHEDULES} or cosine_f<x> / linear_f<x>, "
+                   f"got {kind!r}")
 
 
 def build_tx(method: str, learning_rate: Any, options: dict, seed: int):

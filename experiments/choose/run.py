@@ -90,7 +90,12 @@ TABLES: dict[str, list[Grid]] = {
     # edge), three schedules, 3 seeds, 40,000 forward passes (20,000 steps of batch 64, ~15 s
     # a run at ~3,500 forward passes a second on one shared core).
     "digits_mezo": [Grid("digits", "mezo", tuple(range(-16, -3, 2)), harness.SCHEDULES,
-                         (0, 1, 2), 40_000, 2_000, MEZO_MU)],
+                         (0, 1, 2), 40_000, 2_000, MEZO_MU),
+                    # Decay to a floor (10%, 30%, 50% of the peak): on digits HiZOO's
+                    # step-size control, a decay that stops partway, beat decay to 0.
+                    Grid("digits", "mezo", tuple(range(-16, -3, 2)),
+                         ("cosine_f0.1", "cosine_f0.3", "cosine_f0.5"), (0, 1, 2), 40_000,
+                         2_000, MEZO_MU)],
     # The baseline on MiniLM-L6 SST-2 full fine-tuning (all of train.tsv): MeZO with a cosine
     # schedule at seed 0 first (the grid's middle first, so that early results are
     # informative), then the other schedules. 20,000 forward passes = 10,000 steps of batch
