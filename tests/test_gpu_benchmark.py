@@ -1,0 +1,38 @@
+"""benchmarks/gpu.py end to end on the tiny Llama (CI has no GPU: the CPU runs the same table)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ("mezo", "hizoo", "fzoo", "adam")
+
+
+def test_gpu_benchmark_tiny_table(tmp_path):
+  out = tmp_path / "gpu.json"
+  # A subprocess: the script's float32 model, not the float64 of tests/conftest.py.
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py"), "--models", "tiny",
+       "--methods", *METHODS, "--repeats", "2", "--out", str(out)],
+      capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = json.loads(out.read_text())
+  assert {"backend", "device", "cores", "jax"} <= set(res["machine"])
+  assert res["models"]["tiny"]["compiled_forward_bytes"] > 0
+  rows = {r["method"]: r for r in res["rows"]}
+  assert sorted(rows) == sorted(METHODS)
+  for r in rows.values():
+    assert "error" not in r, r
+    assert len(r["ratios"]) == 2
+    q1, med, q3 = r["ratio"]
+    assert math.isfinite(med) and med > 0 and q1 <= med <= q3
+    assert r["step_ms"] > 0 and r["forward_ms"] > 0
+    assert math.isfinite(r["loss"])
+    assert r["compiled_ratio"] > 0
+  # MeZO holds about the forward pass; Adam holds gradients and two moments besides.
+  assert rows["mezo"]["compiled_ratio"] < rows["adam"]["compiled_ratio"]
+  # the printed table has one row per method
+  table = [line for line in proc.stdout.splitlines() if line.startswith("| tiny |")]
+  assert len(table) == len(METHODS)
