@@ -159,6 +159,10 @@ class Method:
   name: ClassVar[str] = "method"
   measure: ClassVar[str] = "loss"  # or "jvp"
   cost_per_measure: ClassVar[int] = 1  # forward passes a measuring pass counts as
+  # The lean engine moves the params back to theta in the update's own pass over them (one
+  # pass fewer). A method whose displacement reads a params-sized state that its update
+  # rewrites (HiZOO's dense H) turns this off: XLA would keep a copy of the old state.
+  restore_in_update: ClassVar[bool] = True
   sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
   key_impl: str = "threefry2x32"
   num_probes: int = 1

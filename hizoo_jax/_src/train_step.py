@@ -19,6 +19,16 @@ The last call runs the whole optimizer's own ``update`` with the measured losses
 estimator, the Hessian EMA and any Optax chain or wrapper around the ZO transform are the
 same code as the plain path; only the perturbed params differ (``restore``).
 
+**Passes over the params.** Each move regenerates the noise of every parameter and reads
+and writes all of them; with the small batches of zeroth-order fine-tuning these passes
+cost as much as the forward passes. So the restoring move runs in the update's own pass
+(XLA fuses ``theta - mu z + updates`` into one loop per leaf: MeZO makes 3 passes, not 4),
+except for a method whose restore reads a state the update rewrites in place (HiZOO's
+dense ``H``: one pass would keep a copy of the old ``H``; ZO-Muon: one more leaf-sized
+low-rank product). With one-sided probes (FZOO) each probe's restore joins the next
+probe's move: ``N`` passes for ``N`` probes, not ``2N`` (:func:`_schedule`). The trajectories are those of separate passes, bit for bit:
+every move is still rounded to the params' dtype in the same order.
+
 **Finding the ZO transform.** ``tx`` may be a bare ``scale_by_*``, an alias, a preset, a
 chain, ``optax.inject_hyperparams``, ``optax.MultiSteps``, ``optax.masked`` or
 ``optax.multi_transform`` around one. The engine traces ``tx.update(..., zo_probe=p)``:
@@ -121,8 +131,10 @@ class _Located:
     leaves = jax.tree.leaves(self.view(params))
     return self.method.prepare(leaves, self.state.method, self.state.hyper)
 
-  def perturb(self, params, coef, probe, measured, prepared=None, after=()):
-    """``params`` with the selected leaves moved by ``coef * mu * D_probe``.
+  def perturb(self, params, coefs, probes, measured, prepared=None, after=()):
+    """``params`` with the selected leaves moved by ``coefs[w] * mu * D_probes[w]``, one
+    move after the other (each rounded to the params' dtype, as separate passes would be)
+    but in one pass over the params: XLA fuses the moves of a leaf into one loop.
 
     ``after``: values the noise is ordered after (see :func:`sampling.tie`); inside a loop,
     the loop index, so that XLA regenerates the noise in each iteration's fused pass
@@ -138,10 +150,12 @@ class _Located:
       method_state, leaves, prepared, _ = jax.lax.optimization_barrier(
           (method_state, leaves, prepared, after))
     mu = st.hyper["mu"]
-    step = jnp.asarray(coef, mu.dtype) * mu
-    d = self.method.displacement(self.noise(leaves, prepared), method_state, st.hyper, probe,
-                                 measured, step, after=after)
-    return self.merge(params, treedef.unflatten(transform.moved(leaves, d)))
+    for coef, probe in zip(coefs, probes, strict=True):
+      step = jnp.asarray(coef, mu.dtype) * mu
+      d = self.method.displacement(self.noise(leaves, prepared), method_state, st.hyper,
+                                   probe, measured, step, after=after)
+      leaves = transform.moved(leaves, d)
+    return self.merge(params, treedef.unflatten(leaves))
 
   def tangents(self, params, probe, measured):
     """The tree ``D_probe`` (zeros at frozen leaves), the tangent of a ``"jvp"`` method."""
@@ -313,18 +327,18 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False):
     #   tied to the loop index (else XLA hoists the loop-invariant mu D out of the loop
     #   into a params-sized buffer: 1.0 and 2.2 param bytes for MeZO and HiZOO);
     # - the final update comes after a second barrier, not interleaved with the loop.
-    schedule = _schedule(loc.method, inplace)
-    probes = jnp.asarray([j for j, _, _ in schedule], jnp.int32)
-    coefs = jnp.asarray([c for _, c, _ in schedule], jnp.float32)
-    slots = jnp.asarray([k for _, _, k in schedule], jnp.int32)
+    rows, tail = _schedule(loc.method, inplace)
+    probes = jnp.asarray([[j for j, _ in moves] for moves, _ in rows], jnp.int32)
+    coefs = jnp.asarray([[c for _, c in moves] for moves, _ in rows], jnp.float32)
+    slots = jnp.asarray([k for _, k in rows], jnp.int32)
     n_slots = 1 + loc.method.num_measured
 
     def body(i, carry):
       p, work, s, outs, prepared = carry
       here = loc.rebind(s)
       measured = m.Measured(outs[0][0], outs[0][1:])
-      work = here.perturb(work if inplace else p, coefs[i], probes[i], measured, prepared,
-                          after=i)
+      work = here.perturb(work if inplace else p, list(coefs[i]), list(probes[i]), measured,
+                          prepared, after=i)
       k = slots[i]
       out = jax.lax.cond(k > 0, lambda: f(work, *batch), lambda: zero)
       outs = jax.tree.map(lambda a, o: a.at[k].set(jnp.where(k > 0, o, a[k])), outs, out)
@@ -337,12 +351,18 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False):
         (params, opt_state, outs, prepared))
     if inplace:
       _, params, opt_state, outs, prepared = jax.lax.fori_loop(
-          0, len(schedule), body, ((), params, opt_state, outs, prepared))
+          0, len(rows), body, ((), params, opt_state, outs, prepared))
     else:
       params, _, opt_state, outs, prepared = jax.lax.fori_loop(
-          0, len(schedule), body, (params, _zeros_like(params), opt_state, outs, prepared))
+          0, len(rows), body, (params, _zeros_like(params), opt_state, outs, prepared))
     losses = outs[0]
     params, opt_state, prepared = jax.lax.optimization_barrier((params, opt_state, prepared))
+    if tail:
+      # The restoring moves, outside the loop: XLA fuses them into the update's pass over
+      # the params (one noise regeneration and one read-write of the params fewer).
+      params = loc.rebind(opt_state).perturb(
+          params, [c for _, c in tail], [j for j, _ in tail],
+          m.Measured(losses[0], losses[1:]), prepared)
     params, opt_state = _final_update(tx, params, opt_state,
                                       (losses[0], losses[1:], prepared))
     aux = _mean_aux(outs[1]) if has_aux else None
@@ -351,18 +371,43 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False):
   return step
 
 
-def _schedule(method: m.Method, inplace: bool) -> list[tuple[int, float, int]]:
-  """``(probe, coefficient, slot)`` of each pass the engine runs (slot 0: no evaluation).
+Move = tuple[int, float]  # (probe, coefficient): params += coefficient * mu * D_probe
 
-  In place: the method's passes. Exact restore: only the measuring passes, each at its
-  offset from theta (the perturbed copy is rebuilt from theta every time)."""
-  if inplace:
-    out, k = [], 0
-    for j, c, measures in method.passes:
-      k += int(measures)
-      out.append((j, c, k if measures else 0))
-    return out
-  return [(j, o, k + 1) for k, (j, o) in enumerate(m.measured_offsets(method.passes))]
+
+def _schedule(method: m.Method, inplace: bool
+              ) -> tuple[list[tuple[tuple[Move, ...], int]], tuple[Move, ...]]:
+  """``(rows, tail)``: each row of the engine's loop is one pass over the params, making
+  its moves and then measuring into its slot (0: no evaluation); ``tail`` is the moves that
+  restore theta after the last measurement, which the step folds into the update's pass
+  (unless the method says otherwise: :attr:`Method.restore_in_update`).
+
+  In place, a non-measuring pass (a probe's restore) joins the next measuring pass when
+  that leaves at most one row with fewer moves than the widest (one-sided probes: ``N``
+  passes instead of ``2N``). Rows are padded to one width with zero moves, which cost a
+  noise draw and no pass over memory; the two-sided probes' restores stay passes of their
+  own, since merging them would pad ``N + 1`` rows of ``2N``. With an exact restore, only
+  the measuring passes run, each at its offset from theta (the perturbed copy is rebuilt
+  from theta every time), and there is no tail."""
+  if not inplace:
+    return [(((j, o),), k + 1) for k, (j, o) in enumerate(m.measured_offsets(method.passes))], ()
+  merged, pending, k = [], [], 0
+  for j, c, measures in method.passes:
+    pending.append((j, c))
+    if measures:
+      k += 1
+      merged.append((tuple(pending), k))
+      pending = []
+  tail = tuple(pending)
+  if tail and not method.restore_in_update:
+    merged.append((tail, 0))
+    tail = ()
+  width = max(len(moves) for moves, _ in merged)
+  if sum(len(moves) < width for moves, _ in merged) > 1:
+    # Unmerged: every pass its own row, the restores measuring nothing.
+    merged = [(((mv,), 0) if i < len(moves) - 1 else ((mv,), k))
+              for moves, k in merged for i, mv in enumerate(moves)]
+    width = 1
+  return [(moves + ((0, 0.0),) * (width - len(moves)), k) for moves, k in merged], tail
 
 
 def _jvp_step(tx, loc, f, has_aux, params, opt_state, batch):
