@@ -47,21 +47,27 @@ def mlp_params(sizes, key, scale=1.0):
   return params
 
 
-def mlp(params, x):
+def mlp(params, x, gather=False):
+  """``gather``: under a mesh with Explicit axes (``jax.make_mesh``'s default), gather each
+  FSDP-sharded layer for its matmul, as an FSDP forward pass does."""
   for i in range(len(params)):
-    x = x @ params[f"l{i}"]["w"] + params[f"l{i}"]["b"]
+    w, b = params[f"l{i}"]["w"], params[f"l{i}"]["b"]
+    if gather:
+      w, b = jax.sharding.reshard(w, P()), jax.sharding.reshard(b, P())
+    x = x @ w + b
     if i < len(params) - 1:
       x = jax.nn.gelu(x)
   return x
 
 
 def loss_fn(params, x, y):
-  return jnp.mean((mlp(params, x) - y) ** 2)
+  return jnp.mean((mlp(params, x, gather=True) - y) ** 2)
 
 
 def make_mesh(mode: str) -> Mesh:
-  devices = np.array(jax.devices())
-  n = devices.size
+  """A ("data", "fsdp") mesh of every device, with Explicit axes (jax.make_mesh's
+  default, where JAX sharding is going): shardings are part of the arrays' types."""
+  n = jax.device_count()
   if mode == "dp":
     shape = (n, 1)
   elif mode == "fsdp":
@@ -69,7 +75,7 @@ def make_mesh(mode: str) -> Mesh:
   else:
     data = 2 if n % 2 == 0 and n > 1 else 1
     shape = (data, n // data)
-  return Mesh(devices.reshape(shape), ("data", "fsdp"))
+  return jax.make_mesh(shape, ("data", "fsdp"))
 
 
 def param_shardings(params, mesh: Mesh):
@@ -113,6 +119,7 @@ def main():
     jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
 
   mesh = make_mesh(args.mode)
+  jax.set_mesh(mesh)
   print(f"{jax.process_count()} process(es), {jax.device_count()} {jax.default_backend()} "
         f"device(s), mesh {dict(mesh.shape)}")
   sizes = [32, args.width, args.width, args.width, 8]
