@@ -24,10 +24,11 @@ and writes all of them; with the small batches of zeroth-order fine-tuning these
 cost as much as the forward passes. So the restoring move runs in the update's own pass
 (XLA fuses ``theta - mu z + updates`` into one loop per leaf: MeZO makes 3 passes, not 4),
 except for a method whose restore reads a state the update rewrites in place (HiZOO's
-dense ``H``: one pass would keep a copy of the old ``H``; ZO-Muon: one more leaf-sized
+dense ``H``: one pass would keep a copy of the old ``H``; SubZero, ZO-Muon: one more
 low-rank product). With one-sided probes (FZOO) each probe's restore joins the next
-probe's move: ``N`` passes for ``N`` probes, not ``2N`` (:func:`_schedule`). The trajectories are those of separate passes, bit for bit:
-every move is still rounded to the params' dtype in the same order.
+probe's move: ``N`` passes for ``N`` probes, not ``2N`` (:func:`_schedule`). The
+trajectories are those of separate passes, bit for bit: every move is still rounded to
+the params' dtype in the same order.
 
 **Finding the ZO transform.** ``tx`` may be a bare ``scale_by_*``, an alias, a preset, a
 chain, ``optax.inject_hyperparams``, ``optax.MultiSteps``, ``optax.masked`` or

@@ -15,6 +15,9 @@ multiply-adds per pass, like the product itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -84,6 +87,16 @@ def orthonormal(g: jax.Array, sign_fix: bool = False) -> jax.Array:
     d = jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))
     q = q * jnp.where(d == 0, 1, d)[..., None, :]
   return q
+
+
+def refreshed(flag: jax.Array, fresh: Callable[[], Any], stored: Any) -> Any:
+  """``fresh()`` on the steps that redraw a factor (``flag``), else ``stored``. A
+  ``lax.cond``, not a ``where``: the QR of a fresh orthonormal factor is then computed only
+  on the steps that use it, not in every pass of every step (ZO-Muon redraws every 100
+  steps, SubZero every 2000)."""
+  def draw():
+    return jax.tree.map(lambda f, s: f.astype(s.dtype), fresh(), stored)
+  return jax.lax.cond(flag, draw, lambda: stored)
 
 
 def every(hyper_value, count) -> jax.Array:

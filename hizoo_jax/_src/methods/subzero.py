@@ -41,6 +41,10 @@ class SubZero(spsa.SPSA):
   """SubZero's method object."""
 
   name = "subzero"
+  # Its moves are products U Z V^T formed per leaf; fused into the update's pass the
+  # restore holds one more (0.23 param bytes over a forward pass instead of 0.16, measured
+  # on four 256 x 256 matrices at rank 8), so it stays a pass of its own.
+  restore_in_update = False
   rank: int = 8
 
   def check(self, hyper):
@@ -65,10 +69,11 @@ class SubZero(spsa.SPSA):
 
   def _subspace(self, noise, state, hyper, i, p):
     su, sv, _ = self._shapes(p)
-    u = lr.orthonormal(lr.resampled(noise.noise_key, i, p, su, salt=0))
-    v = lr.orthonormal(lr.resampled(noise.noise_key, i, p, sv, salt=1))
-    return (jnp.where(hyper["resample"], u, state.u[i]),
-            jnp.where(hyper["resample"], v, state.v[i]))
+    return lr.refreshed(
+        hyper["resample"],
+        lambda: (lr.orthonormal(lr.resampled(noise.noise_key, i, p, su, salt=0)),
+                 lr.orthonormal(lr.resampled(noise.noise_key, i, p, sv, salt=1))),
+        (state.u[i], state.v[i]))
 
   def direction_leaf(self, noise, state, hyper, words, i, leaf):
     if not lr.is_matrix(leaf):

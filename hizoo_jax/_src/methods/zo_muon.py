@@ -93,9 +93,11 @@ class ZOMuon(m.Method):
             "resample": lr.every(hyper["resample_every"], count)}
 
   def _projector(self, noise, state, hyper, i, x):
-    fresh = lr.orthonormal(lr.resampled(noise.noise_key, i, x, self._shapes(x)[0]),
-                           sign_fix=True)
-    return jnp.where(hyper["resample"], fresh, state.p[i])
+    return lr.refreshed(
+        hyper["resample"],
+        lambda: lr.orthonormal(lr.resampled(noise.noise_key, i, x, self._shapes(x)[0]),
+                               sign_fix=True),
+        state.p[i])
 
   def direction_leaf(self, noise, state, hyper, words, i, leaf):
     if not lr.is_matrix(leaf):
