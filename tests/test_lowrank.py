@@ -414,10 +414,11 @@ def test_the_step_keeps_no_params_sized_temporary(name):
   y = jnp.zeros((8, 256), jnp.float32)
   extra = lean_step_extra(tx, engine.loss_fn, params, x, y)
   # LOZO/LOZO-M: U V^T is formed inside the passes (0.02-0.03 measured). SubZero (0.16)
-  # and ZO-Muon at rank 64 (0.74) still store a product per step (a known gap,
-  # docs/guides/lowrank.md); the bounds pin today's numbers so a regression shows (a QR
-  # in every pass, or a restore fused into the update's pass: 0.18-0.23 and 0.99-1.8).
-  bound = {"subzero_r8": 0.2, "zo_muon_r64": 0.8}.get(name, 0.1)
+  # still stores a product per step (a known gap, docs/guides/lowrank.md). ZO-Muon at
+  # rank 64 forms its products by matmul (above lowrank.FUSED_RANK: 6x faster on MiniLM)
+  # and stores them: 1.36. The bounds pin today's numbers so a regression shows (a QR in
+  # every pass, or a restore fused into the update's pass: 0.18-0.23 for SubZero).
+  bound = {"subzero_r8": 0.2, "zo_muon_r64": 1.45}.get(name, 0.1)
   assert max(extra.values()) <= bound, extra
 
 

@@ -46,11 +46,21 @@ def rank_of(leaf, rank: int) -> int:
   return max(1, min(int(rank), int(m), int(n)))
 
 
+# Up to this rank the product is a fused sum of broadcast products (no stored product, r
+# multiply-adds per element in every pass, which XLA:CPU runs as scalar code); above it a
+# matmul, which stores the leaf's product but runs at matmul speed. Measured on MiniLM-L6
+# full fine-tuning (2 CPU cores): ZO-Muon at rank 64 took 56 forward passes a step fused,
+# 8.6 with the matmul (its floor is 5), for 0.73 param bytes more compiled memory.
+FUSED_RANK = 16
+
+
 def outer(a: jax.Array, b: jax.Array) -> jax.Array:
-  """``a @ swapaxes(b)`` for ``a [..., m, r]`` and ``b [..., n, r]``, as a sum of ``r``
-  broadcast products: purely elementwise, so XLA fuses it into the pass that uses it
-  (a reduction over a broadcast ``[m, n, r]`` is fused alone but, inside the engine's
-  loop, stored; a matmul always stores its product)."""
+  """``a @ swapaxes(b)`` for ``a [..., m, r]`` and ``b [..., n, r]``. Up to rank
+  :data:`FUSED_RANK`, a sum of ``r`` broadcast products: purely elementwise, so XLA fuses it
+  into the pass that uses it (a reduction over a broadcast ``[m, n, r]`` is fused alone
+  but, inside the engine's loop, stored). Above it, a matmul (stored, fast)."""
+  if a.shape[-1] > FUSED_RANK:
+    return jnp.matmul(a, jnp.swapaxes(b, -1, -2), precision=jax.lax.Precision.HIGHEST)
   out = a[..., :, None, 0] * b[..., None, :, 0]
   for k in range(1, a.shape[-1]):
     out = out + a[..., :, None, k] * b[..., None, :, k]
