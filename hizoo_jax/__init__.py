@@ -44,7 +44,7 @@ from hizoo_jax._src.transform import (
     scale_by_zo_muon,
 )
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 
 __all__ = [
     "FactoredHessian",
