@@ -41,9 +41,11 @@ def test_recommended_and_paper_settings():
                      hessian_clip=(1e-8, 1e8))
   assert dict(hz.presets.PAPER) == dict(mu=1e-3, hessian_smoothing=1e-8, estimator="paper",
                                         hessian_clip=(1e-8, 1e8))
+  assert hz.presets.REFERENCE_FT["hessian_smoothing"] == 1e-6
+  assert hz.presets.REFERENCE_LORA["hessian_smoothing"] == 1e-10
   with pytest.raises(TypeError):
     hz.presets.PAPER["mu"] = 1.0  # read-only
-  for settings in (rec, hz.presets.PAPER):
+  for settings in (rec, hz.presets.PAPER, hz.presets.REFERENCE_FT, hz.presets.REFERENCE_LORA):
     tx = hz.hizoo(1e-2, **settings)
     tx.update(None, tx.init(params), params, value_fn=_problem()[1])
 

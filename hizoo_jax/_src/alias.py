@@ -94,10 +94,12 @@ def hizoo(
 ) -> optax.GradientTransformationExtraArgs:
   """HiZOO: ``theta <- theta - lr * (g_hizoo + weight_decay * theta)``.
 
-  The defaults are the paper's (``mu=1e-3``, ``hessian_smoothing=1e-8``). On small models
-  that ``alpha`` barely moves the Hessian from 1, and HiZOO then behaves like MeZO with one
-  more forward pass; :func:`hizoo_jax.presets.hizoo` sets ``alpha = 0.5 / d`` (d = number
-  of params) and ``mu = 1e-2`` instead.
+  The defaults are ``mu=1e-3`` (the paper's) and ``hessian_smoothing=1e-8`` (the paper
+  states no value; its reference scripts use 1e-6 for full fine-tuning and 1e-10 for LoRA:
+  :data:`hizoo_jax.presets.REFERENCE_FT`, :data:`~hizoo_jax.presets.REFERENCE_LORA`). On
+  small models that ``alpha`` barely moves the Hessian from 1, and HiZOO then behaves like
+  MeZO with one more forward pass; :func:`hizoo_jax.presets.hizoo` sets
+  ``alpha = 0.5 / d`` (d = number of params) and ``mu = 1e-2`` instead.
 
   Args:
     learning_rate: a float or an Optax schedule.
