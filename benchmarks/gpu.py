@@ -30,6 +30,9 @@ run goes on. The learning rate is tiny so that nothing diverges while it is time
 Default models: minilm and llama1b on a GPU, minilm alone on a CPU (llama1b runs there when
 asked, slowly). Prints a Markdown table and writes JSON with the machine's description.
 CI never has a GPU: ``tests/test_gpu_benchmark.py`` runs the ``tiny`` model on the CPU.
+Where one call has a time limit (a lent device: 10 minutes a command), build the table in
+parts with ``--append``, e.g. ``--models minilm``, then ``--models llama1b --methods mezo
+hizoo hizoo_l adam --append``, then the other methods with ``--append``.
 GPU memory is not preallocated (``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set), so
 that the child processes find the device free while this process holds its own arrays.
 On a busy CPU, OpenBLAS's threads (LAPACK's QR, which ``zo_muon`` calls every step) can fight
@@ -292,6 +295,9 @@ def main(argv=None):
   ap.add_argument("--llama-length", type=int, default=256)
   ap.add_argument("--no-live", action="store_true",
                   help="skip the live-memory children (GPU)")
+  ap.add_argument("--append", action="store_true",
+                  help="merge into an existing --out: rows of other (model, method) pairs are "
+                       "kept, so that several shorter calls build one table")
   ap.add_argument("--child", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.child:
@@ -306,11 +312,29 @@ def main(argv=None):
         f"live memory: {'measured' if live else 'n/a (no device memory stats)'}")
   out = dict(machine=mach, version=hz.__version__, lr=LR, repeats=args.repeats, warmup=2,
              live_memory=live, models={}, rows=[])
+  kept = []
+  if args.append and os.path.exists(args.out):
+    with open(args.out) as fh:
+      prev = json.load(fh)
+    if prev.get("machine", {}).get("device") != mach["device"]:
+      raise SystemExit(f"--append: {args.out} was measured on {prev['machine'].get('device')}, "
+                       f"not {mach['device']}")
+    now = {(m, meth) for m in models for meth in args.methods}
+    kept = [r for r in prev.get("rows", []) if (r["model"], r["method"]) not in now]
+    out["models"] = dict(prev.get("models", {}))
   for name in models:
     info, rows = run_model(name, args.methods, args, live)
     out["models"][name] = info
     out["rows"].extend(rows)
-    write_json(args.out, out)  # after each model: a later failure keeps the earlier ones
+    write_json(args.out, dict(out, rows=kept + out["rows"]))  # after each model
+  out["rows"] = kept + out["rows"]
+  if kept:
+    print("\nThe whole table (rows of earlier calls included):\n")
+    print("| model | method | step ms | forward ms | step / forward (quartiles) | "
+          "compiled memory step / forward | live peak / inference peak |")
+    print("|---|---|---|---|---|---|---|")
+    for r in sorted(out["rows"], key=lambda r: (r["model"], METHODS.index(r["method"]))):
+      print(format_row(r))
   failed = [f"{r['model']}/{r['method']}" for r in out["rows"] if r.get("error")]
   if any(m != "minilm" for m in models):
     print("\nThe Llama models are randomly initialised: the cost of a step does not depend "

@@ -36,3 +36,14 @@ def test_gpu_benchmark_tiny_table(tmp_path):
   # the printed table has one row per method
   table = [line for line in proc.stdout.splitlines() if line.startswith("| tiny |")]
   assert len(table) == len(METHODS)
+  # --append: a second call with other methods keeps the first call's rows and replaces
+  # the rows it measures again.
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py"), "--models", "tiny",
+       "--methods", "lozo", "mezo", "--repeats", "2", "--out", str(out), "--append"],
+      capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  merged = json.loads(out.read_text())
+  methods = [r["method"] for r in merged["rows"]]
+  assert sorted(methods) == sorted(set(METHODS) | {"lozo"})  # mezo once, not twice
+  assert "The whole table" in proc.stdout
