@@ -296,12 +296,18 @@ def _outputs(params, opt_state, aux, has_aux, loss=None):
 # The steps.
 
 
-def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False):
+def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False,
+                   batch_probes=False):
   """The lean step as one traceable function (one executable when jitted); the plain step
   where it does not apply, or, with ``fused_noise_only``, where it does not pay."""
 
   def step(params, opt_state, *batch):
     loc = _locate(tx, params, opt_state)
+    if batch_probes:
+      if loc is None:
+        raise ValueError("batch_probes=True needs one zeroth-order transform in tx")
+      return _batched_step(tx, loc, _Loss(loss_fn, has_aux, numerics.loss_dtype(params)),
+                           has_aux, params, opt_state, batch)
     if loc is None or (fused_noise_only and not isinstance(loc.method.sampler,
                                                            sampling.FastGaussian)):
       # A sampler that does not fuse into the elementwise passes (threefry) materialises
@@ -430,6 +436,39 @@ def _jvp_step(tx, loc, f, has_aux, params, opt_state, batch):
   return _outputs(params, opt_state, aux, has_aux)
 
 
+def _batched_step(tx, loc, f, has_aux, params, opt_state, batch):
+  """Every measured point of the step in one batched forward pass (``jax.vmap`` over the
+  probes): the perturbed params ``theta + offset mu D_j`` of all ``N`` measuring passes
+  are built side by side (``N`` params-sized copies of the perturbed leaves) and the loss
+  is evaluated on all of them at once. On an accelerator, where one small-batch forward
+  pass leaves the device mostly idle, ``N`` of them cost little more than one. Only for
+  methods whose probes do not depend on each other's losses (not HiZOO with several
+  probes, whose later probes use the Hessian updated by the earlier ones)."""
+  method = loc.method
+  if method.measure != "loss":
+    raise ValueError(f"batch_probes=True: {method.name} measures {method.measure!r}, not "
+                     "losses at perturbed params")
+  if not method.independent_probes:
+    raise ValueError(f"batch_probes=True: the probes of {method.name} depend on each "
+                     "other's losses (its later probes use the state the earlier ones "
+                     "updated); use the sequential step")
+  offsets = m.measured_offsets(method.passes)
+  probes = jnp.asarray([j for j, _ in offsets], jnp.int32)
+  coefs = jnp.asarray([o for _, o in offsets], jnp.float32)
+  prepared = loc.prepare(params)
+  dtype = f.dtype
+  nothing = m.Measured(jnp.zeros((), dtype), jnp.zeros([method.num_measured], dtype))
+  perturbed = jax.vmap(lambda j, c: loc.perturb(params, [c], [j], nothing, prepared))(
+      probes, coefs)
+  values, aux = jax.vmap(lambda p: f(p, *batch))(perturbed)
+  zero = f.zeros(params, *batch)
+  l0, aux0 = jax.lax.cond(loc.state.hyper["center"], lambda: f(params, *batch), lambda: zero)
+  params, opt_state = _final_update(tx, params, opt_state, (l0, values, prepared))
+  if has_aux:
+    aux = _mean_aux(jax.tree.map(lambda a, s: jnp.concatenate([a[None], s]), aux0, aux))
+  return _outputs(params, opt_state, aux, has_aux)
+
+
 def _plain_fn(tx, loss_fn, has_aux):
   def step(params, opt_state, *batch):
     if has_aux:
@@ -467,6 +506,7 @@ def make_train_step(
     donate: bool = True,
     param_shardings: Any = None,
     batch_sharding: Any = None,
+    batch_probes: bool = False,
 ) -> Callable[..., tuple]:
   """Builds ``step(params, opt_state, *batch) -> (params, opt_state, loss)``.
 
@@ -509,6 +549,13 @@ def make_train_step(
       with these shardings. None: whatever the inputs have.
     batch_sharding: a sharding (or a tuple, one per batch argument) the batch is put on
       before the step (e.g. ``NamedSharding(mesh, P("data"))`` for data parallelism).
+    batch_probes: evaluate every perturbed point of the step in one batched forward pass
+      (``jax.vmap`` over the probes) instead of one after the other. For methods with
+      several independent probes (FZOO, ZO-Muon, MeZO with ``num_directions``) on an
+      accelerator, where a small-batch forward pass leaves the device mostly idle. It
+      holds ``N`` perturbed copies of the trainable params (``N``: the measuring passes
+      of a step; cheap for LoRA, ``N`` params-worth for full fine-tuning), and the
+      losses are those of ``restore="exact"`` (each point is built from ``theta``).
   """
   if restore not in RESTORE_MODES:
     raise ValueError(f"restore must be one of {RESTORE_MODES}, got {restore!r}")
@@ -516,8 +563,12 @@ def make_train_step(
   layout = _Layout(param_shardings, batch_sharding)
   donated = (0, 1) if donate else ()
   plain = _plain_fn(tx, loss_fn, has_aux)
+  if batch_probes and lean is False:
+    raise ValueError("batch_probes=True runs the lean engine; it cannot be combined with "
+                     "lean=False")
   fused = _one_pass_step(tx, loss_fn, has_aux, restore,
-                         fused_noise_only=lean is None and not has_aux)
+                         fused_noise_only=lean is None and not has_aux and not batch_probes,
+                         batch_probes=batch_probes)
 
   def traced_step(params, opt_state, *batch):
     if lean is False:
