@@ -179,8 +179,14 @@ TABLES.update({
     # The new methods with the baseline's schedule (cosine decay to 30% of the peak, the
     # best MeZO schedule on digits): like for like with the tuned baseline.
     "digits_methods_sched": [
-        Grid("digits", "fzoo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
-             2_000, (("mu", 1e-3), ("num_directions", n)), f"_n{n}") for n in (8, 16)],
+        *[Grid("digits", "fzoo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2),
+               40_000, 2_000, (("mu", 1e-3), ("num_directions", n)), f"_n{n}")
+          for n in (8, 16)],
+        Grid("digits", "forward_gradient", tuple(range(-16, -3, 2)), ("cosine_f0.3",),
+             (0, 1, 2), 40_000, 2_000),
+        Grid("digits", "lozo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("mu", 1e-3), ("rank", 2)), "_r2"),
+    ],
     # The paper's test functions: float32, one seed per noise draw, 3 seeds.
     "testfn_mezo": [Grid(f, "mezo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2),
                          6_000, 300, MEZO_MU) for f in ("fa", "fb", "fc")],
