@@ -65,7 +65,11 @@ from hizoo_jax.models import bert, checkpoint, data, heads, peft
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYNTHETIC = os.path.join(HERE, "data", "sentiment")
-OPTIMIZERS = ("hizoo", "hizoo_l", "mezo", "zo_adam", "adam")
+# The methods added in 0.4, by their hz names; they have no measured default learning rate
+# for MiniLM (pass --lr). On digits (docs/results/choosing.md) FZOO's best lr was 3-10x
+# MeZO's, forward gradients' and LOZO's 0.3-0.6x.
+NEW_METHODS = ("fzoo", "sparse_mezo", "forward_gradient", "lozo", "subzero", "zo_muon")
+OPTIMIZERS = ("hizoo", "hizoo_l", "mezo", *NEW_METHODS, "zo_adam", "adam")
 # Learning rates per (mode, optimizer) that learn on the synthetic set with batch 16 (a
 # small grid per method, seed 0; docs/results/minilm.md).
 DEFAULT_LR = {
@@ -94,6 +98,9 @@ def make_optimizer(name: str, lr: float, *, mu: float, alpha: float, seed: int,
     return hz.hizoo_l(lr, mu=mu, hessian_smoothing=alpha, estimator=estimator, seed=seed)
   if name == "mezo":
     return hz.mezo(lr, mu=mu, seed=seed)
+  if name in NEW_METHODS:
+    return getattr(hz, name)(lr, seed=seed, **({} if name == "forward_gradient" else
+                                                {"mu": mu}))
   if name == "zo_adam":
     return optax.chain(hz.scale_by_zo(mu=mu, seed=seed), optax.adam(lr))
   if name == "adam":
@@ -436,6 +443,9 @@ def main(argv=None) -> None:
       p.error(f"unknown optimizer {name!r}")
     if name == "adam" and args.objective != "ce":
       p.error("adam needs a differentiable objective (--objective ce)")
+    if name in NEW_METHODS and args.lr is None and not args.smoke:
+      p.error(f"{name} has no measured default learning rate for MiniLM: pass --lr (on "
+              "digits FZOO's best lr was 3-10x MeZO's; docs/results/choosing.md)")
   seeds = parse_list(args.seeds, int)
   if args.smoke:
     args.steps, args.batch_size, args.eval_every = min(args.steps, 6), 4, 3
