@@ -163,12 +163,6 @@ class Method:
   # pass fewer). A method whose displacement reads a params-sized state that its update
   # rewrites (HiZOO's dense H) turns this off: XLA would keep a copy of the old state.
   restore_in_update: ClassVar[bool] = True
-
-  @property
-  def independent_probes(self) -> bool:
-    """Whether probe ``j``'s direction is independent of the losses measured before it
-    (then the engine may evaluate all probes at once, ``batch_probes``)."""
-    return True
   sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
   key_impl: str = "threefry2x32"
   num_probes: int = 1
@@ -176,6 +170,12 @@ class Method:
   @property
   def passes(self) -> tuple[Pass, ...]:
     return two_sided(self.num_probes)
+
+  @property
+  def independent_probes(self) -> bool:
+    """Whether probe ``j``'s direction is independent of the losses measured before it
+    (then the engine may evaluate all probes at once, ``batch_probes``)."""
+    return True
 
   @property
   def num_measured(self) -> int:

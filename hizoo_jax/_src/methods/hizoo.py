@@ -61,15 +61,15 @@ class HiZOO(m.Method):
   # The restore reads the old H^{-1/2} while the update writes the new H in place; in
   # one pass XLA keeps a copy of H (1.0 param bytes, measured), so it stays a pass.
   restore_in_update = False
+  estimator: str = "paper"
+  factored: bool = False
+  hessian_dtype: Any = None
+  hessian_clip: tuple[float, float] = (1e-8, 1e8)
 
   @property
   def independent_probes(self) -> bool:
     # Probe j's direction uses H after the Hessian updates of the probes before it.
     return self.num_probes == 1
-  estimator: str = "paper"
-  factored: bool = False
-  hessian_dtype: Any = None
-  hessian_clip: tuple[float, float] = (1e-8, 1e8)
 
   def check(self, hyper):
     spsa.check_mu(hyper)
