@@ -306,7 +306,8 @@ def write_outputs(out: str, runs, args, window, targets, title) -> str:
   """Writes loss_curve.png, results.json and results.md to ``out``; returns the table."""
   os.makedirs(out, exist_ok=True)
   table, summary = summarize(runs, window, targets)
-  plot(runs, window, os.path.join(out, "loss_curve.png"), title)
+  # The numbers first: a plot that fails (no matplotlib, no display backend) must not
+  # cost the user the run's results.
   keep = {name: [{k: v for k, v in r.items() if k not in ("params", "opt_state")} for r in rs]
           for name, rs in runs.items()}
   with open(os.path.join(out, "results.json"), "w") as fh:
@@ -315,6 +316,11 @@ def write_outputs(out: str, runs, args, window, targets, title) -> str:
   with open(os.path.join(out, "results.md"), "w") as fh:
     fh.write(f"`{command}` ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, "
              f"{jax.devices()[0].platform})\n\n{table}\n")
+  try:
+    plot(runs, window, os.path.join(out, "loss_curve.png"), title)
+  except ImportError as e:
+    print(f"no plot ({e}); install the examples extra: pip install 'hizoo-jax[examples]'. "
+          f"The results are in {out}/results.json and results.md.", file=sys.stderr)
   return table
 
 

@@ -236,3 +236,25 @@ def test_finetune_minilm_k_shot_sst2_from_a_linear_probe(tmp_path):
   assert run["lr"] == 5e-4  # the SST-2 study's MeZO LoRA lr (SST2_LR), the default with --data
   assert 0.0 <= run["probe"]["val_accuracy"] <= 1.0
   assert max(run["losses"]) < np.log(2)
+
+
+def test_finetune_minilm_writes_its_results_before_it_plots(tmp_path, monkeypatch, capsys):
+  """Without matplotlib the run's numbers are still written (results.json, results.md)
+  and the user is told how to get the plot."""
+  import argparse
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+      "finetune_minilm_example", os.path.join(ROOT, "examples", "finetune_minilm.py"))
+  example = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(example)
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+  runs = {"mezo": [{"losses": [0.7, 0.6, 0.5, 0.4], "final": {"accuracy": 0.75},
+                    "sec_per_step": 0.1}]}
+  table = example.write_outputs(str(tmp_path), runs, argparse.Namespace(seed=0), 2, None,
+                                "title")
+  assert "| mezo |" in table
+  assert results(str(tmp_path))["runs"]["mezo"][0]["losses"] == [0.7, 0.6, 0.5, 0.4]
+  assert os.path.getsize(tmp_path / "results.md") > 0
+  assert not (tmp_path / "loss_curve.png").exists()
+  assert "no plot" in capsys.readouterr().err
