@@ -32,6 +32,7 @@ coefficient, the rank not clipped) moves an update by O(1) of itself.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -413,13 +414,48 @@ def test_the_step_keeps_no_params_sized_temporary(name):
   x = jnp.zeros((8, 256), jnp.float32)
   y = jnp.zeros((8, 256), jnp.float32)
   extra = lean_step_extra(tx, engine.loss_fn, params, x, y)
-  # LOZO/LOZO-M: U V^T is formed inside the passes (0.02-0.03 measured). SubZero (0.16)
-  # still stores a product per step (a known gap, docs/guides/lowrank.md). ZO-Muon at
-  # rank 64 forms its products by matmul (above lowrank.FUSED_RANK: 6x faster on MiniLM)
-  # and stores them: 1.36. The bounds pin today's numbers so a regression shows (a QR in
+  # LOZO/LOZO-M: U V^T is formed inside the passes (0.02-0.03 measured). SubZero (0.17)
+  # and ZO-Muon at rank 64 (1.37; matmul products above lowrank.FUSED_RANK, 6x faster on
+  # MiniLM) hold every leaf's product at once under XLA:CPU's default scheduler (see the
+  # next test and docs/guides/lowrank.md). The bounds pin today's numbers so a regression shows (a QR in
   # every pass, or a restore fused into the update's pass: 0.18-0.23 for SubZero).
   bound = {"subzero_r8": 0.2, "zo_muon_r64": 1.45}.get(name, 0.1)
   assert max(extra.values()) <= bound, extra
+
+
+# The same measurement in a process whose XLA:CPU uses its memory-minimising scheduler.
+_SCHEDULER_CHILD = """
+import json, sys
+sys.path.insert(0, {root!r})
+import jax.numpy as jnp
+import hizoo_jax as hz
+from tests import test_engine as engine
+from tests.helpers import lean_step_extra
+params = engine.mlp((256,) * 5, jnp.float32)
+x = jnp.zeros((8, 256), jnp.float32)
+out = {{name: max(lean_step_extra(tx, engine.loss_fn, params, x, x).values())
+        for name, tx in (("subzero_r8", hz.subzero(1e-2, rank=8)),
+                         ("zo_muon_r64", hz.zo_muon(1e-2, rank=64)))}}
+print(json.dumps(out))
+"""
+
+
+def test_cpu_memory_scheduler_keeps_one_product_at_a_time():
+  """XLA:CPU's default scheduler is concurrency-optimised: it runs each operation for every
+  leaf before the next one, so all the leaves' products are alive together (the numbers
+  pinned above). Its memory-minimising scheduler
+  (``XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false``; the per-program
+  ``compiler_options`` of ``jax.jit`` do not reach it in jaxlib 0.10) consumes each product
+  before it forms the next: SubZero then holds its factors only (0.03 measured) and ZO-Muon
+  one leaf's product (0.25 here: four leaves) plus its factors (0.37 measured)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=false")
+  out = subprocess.run([sys.executable, "-c", _SCHEDULER_CHILD.format(root=ROOT)], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  extra = json.loads(out.stdout.strip().splitlines()[-1])
+  assert extra["subzero_r8"] <= 0.1, extra
+  assert extra["zo_muon_r64"] <= 0.45, extra
 
 
 # --- bfloat16 params ----------------------------------------------------------------------
