@@ -98,3 +98,32 @@ def test_auto_hizoo_composes():
   assert np.isfinite(float(loss))
   with pytest.raises(ValueError, match="params"):
     hz.presets.hizoo(1e-2).update(None, state[0], None, value_fn=f)
+
+
+def test_decay_to_floor_is_cosine_to_a_fraction_of_the_peak():
+  s = hz.presets.decay_to_floor(1e-2, 100)
+  assert float(s(0)) == pytest.approx(1e-2)
+  assert float(s(50)) == pytest.approx(1e-2 * (0.3 + 0.7 * 0.5))  # half way down the cosine
+  assert float(s(100)) == pytest.approx(3e-3) and float(s(500)) == pytest.approx(3e-3)
+  assert float(hz.presets.decay_to_floor(1.0, 10, floor=0.0)(10)) == 0.0
+  with pytest.raises(ValueError, match="floor"):
+    hz.presets.decay_to_floor(1e-2, 100, floor=1.5)
+  with pytest.raises(ValueError, match="total_steps"):
+    hz.presets.decay_to_floor(1e-2, 0)
+
+
+@pytest.mark.parametrize("name", ["mezo", "fzoo"])
+def test_measured_presets_are_the_method_with_the_decay(name):
+  """``hz.presets.mezo``/``fzoo`` = the alias with ``decay_to_floor`` (and FZOO's 8
+  probes), step for step, in the plain path and the lean engine."""
+  params, f = _problem()
+  preset = getattr(hz.presets, name)(1e-2, 20, seed=4, mu=1e-3)
+  extra = {"num_directions": 8} if name == "fzoo" else {}
+  spelled = getattr(hz, name)(hz.presets.decay_to_floor(1e-2, 20), seed=4, mu=1e-3, **extra)
+  p1, s1 = _run(preset, params, f, steps=4)
+  p2, s2 = _run(spelled, params, f, steps=4)
+  chex.assert_trees_all_equal(p1, p2)
+  assert int(otu.tree_get(s1, "forward_passes")) == 4 * (9 if name == "fzoo" else 2)
+  step = hz.make_train_step(preset, lambda p, s: f(p) * s)
+  _, _, loss = step(params, preset.init(params), 1.0)
+  assert np.isfinite(float(loss))
