@@ -258,3 +258,16 @@ def test_finetune_minilm_writes_its_results_before_it_plots(tmp_path, monkeypatc
   assert os.path.getsize(tmp_path / "results.md") > 0
   assert not (tmp_path / "loss_curve.png").exists()
   assert "no plot" in capsys.readouterr().err
+
+
+@requires_minilm
+@pytest.mark.skipif(not os.path.isfile(os.path.join(SST2, "train.tsv")),
+                    reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
+def test_finetune_minilm_data_defaults_to_mezo_on_all_of_train(tmp_path):
+  """--data without --k-shot: MeZO on all of train.tsv less a validation split held out by
+  seed (here --smoke's 16 sentences: 3 held out), the probe's l2 picked on it."""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--out", str(tmp_path))
+  assert "all of train less 3 held out by seed for validation" in out
+  res = check_outputs(str(tmp_path), ["mezo"])
+  (run,) = res["runs"]["mezo"]
+  assert run["lr"] == 5e-4 and "val_accuracy" in run["probe"]
