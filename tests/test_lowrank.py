@@ -417,8 +417,9 @@ def test_the_step_keeps_no_params_sized_temporary(name):
   # LOZO/LOZO-M: U V^T is formed inside the passes (0.02-0.03 measured). SubZero (0.17)
   # and ZO-Muon at rank 64 (1.37; matmul products above lowrank.FUSED_RANK, 6x faster on
   # MiniLM) hold every leaf's product at once under XLA:CPU's default scheduler (see the
-  # next test and docs/guides/lowrank.md). The bounds pin today's numbers so a regression shows (a QR in
-  # every pass, or a restore fused into the update's pass: 0.18-0.23 for SubZero).
+  # next test and docs/guides/lowrank.md). The bounds pin today's numbers so a regression
+  # shows (a QR in every pass, or a restore fused into the update's pass: 0.18-0.23 for
+  # SubZero).
   bound = {"subzero_r8": 0.2, "zo_muon_r64": 1.45}.get(name, 0.1)
   assert max(extra.values()) <= bound, extra
 
