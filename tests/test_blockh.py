@@ -44,6 +44,7 @@ import pytest
 import hizoo_jax as hz
 from experiments.sst2 import blockh
 from tests.helpers import lean_step_extra, step_noise
+from tests.test_methods import THETA0, X_NP, Y_NP, X, Y, params0  # the same problem
 
 LR = 0.05
 MU = 1e-2
@@ -52,19 +53,6 @@ STEPS = 7  # refreshes after steps 2, 4 and 6
 CURV_TOL = dict(rtol=1e-10, atol=1e-9)
 PARAM_TOL = dict(rtol=1e-9, atol=1e-12)
 LOSS_TOL = dict(rtol=1e-12, atol=1e-13)
-
-_rng = np.random.default_rng(0)
-X_NP = _rng.standard_normal((16, 5))
-Y_NP = _rng.standard_normal((16, 3))
-THETA0 = {"w1": _rng.standard_normal((5, 6)) / np.sqrt(5),
-          "b1": _rng.standard_normal(6) * 0.1,
-          "w2": _rng.standard_normal((6, 3)) / np.sqrt(6)}
-X, Y = jnp.asarray(X_NP), jnp.asarray(Y_NP)
-
-
-def params0():
-  return {k: jnp.asarray(v, jnp.float64) for k, v in THETA0.items()}
-
 
 def loss_np(p):
   h = np.tanh(X_NP @ p["w1"] + p["b1"])
