@@ -164,3 +164,15 @@ def test_curvature_oracle_installs_hessian_and_resumes(tmp_path):
   assert harness.run(cfg, tasks.TASKS["fa"], stop_after=20, **kw) is None
   resumed = harness.run(cfg, tasks.TASKS["fa"], **kw)
   assert resumed["final"] == whole["final"] and resumed["test"] == whole["test"]
+
+
+def test_the_measured_preset_schedule_is_the_harness_schedule():
+  """``hz.presets.decay_to_floor`` is the ``cosine_f0.3`` the tables measured (the harness
+  keeps its own copy: it also runs snapshots of hizoo_jax from before the preset)."""
+  import hizoo_jax as hz
+
+  ours = hz.presets.decay_to_floor(1.78e-3, 500)
+  theirs = harness.make_schedule("cosine_f0.3", 1.78e-3, 500)
+  steps = np.arange(0, 700, 7)
+  np.testing.assert_array_equal([float(ours(t)) for t in steps],
+                                [float(theirs(t)) for t in steps])
