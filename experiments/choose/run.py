@@ -200,6 +200,26 @@ TABLES.update({
     "sst2_short_fzoo": [Grid("sst2_ft_full", "fzoo", (-14, -12, -10, -13), ("cosine",), (0,),
                              4_000, 1_000, (("mu", 1e-3), ("num_directions", 8)), "_n8",
                              refine=False)],
+    # The same two selected runs at seeds 1 and 2: three paired seeds for the ratio of forward
+    # passes (FZOO to MeZO's final training loss at the same seed).
+    "sst2_short_seeds": [
+        Grid("sst2_ft_full", "mezo", (-20,), ("cosine",), (1, 2), 4_000, 1_000, MEZO_MU,
+             widen=False, refine=False),
+        Grid("sst2_ft_full", "fzoo", (-13,), ("cosine",), (1, 2), 4_000, 1_000,
+             (("mu", 1e-3), ("num_directions", 8)), "_n8", widen=False, refine=False),
+    ],
+    # The curvature ceiling at the short budget: MeZO (cosine, seed 0) preconditioned by the
+    # autodiff Hessian diagonal, per parameter and per tensor, fixed at the start (2,000 steps
+    # leave no room for a refresh), floor 1 (normalised H >= 1: the oracle only shortens the
+    # steep directions, never lengthens a flat one past MeZO's step, the setting that did not
+    # diverge on digits). Its steps are never longer than MeZO's, so the grid starts at MeZO's
+    # best rate and goes up.
+    "sst2_short_oracle": [
+        Grid("sst2_ft_full", "oracle", (-20, -18, -16), ("cosine",), (0,), 4_000, 1_000,
+             (("mu", 1e-3), ("oracle", kind), ("refresh", 0), ("samples", 32), ("floor", 1.0)),
+             f"_{kind}_r0_f1", widen=False, refine=False)
+        for kind in ("diag", "tensor")
+    ],
     # The paper's test functions: float32, one seed per noise draw, 3 seeds.
     "testfn_mezo": [Grid(f, "mezo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2),
                          6_000, 300, MEZO_MU) for f in ("fa", "fb", "fc")],
