@@ -137,10 +137,31 @@ def test_report_versus_baseline(tmp_path, monkeypatch):
     run.run_grid(g, results=res, ckpts=ck)
   text = report.versus("t_hiz", "t_base", res)
   rows = [line for line in text.splitlines() if line.startswith("| ")]
-  assert rows[1].startswith("| mezo constant (baseline) | 0.01 |") and "| 1.00 |" in rows[1]
+  assert rows[1].startswith("| mezo constant (baseline) | 0.01 |") and "| 1.00 | 1.00 |" in rows[1]
   assert rows[2].startswith("| hizoo_a0.001 constant |")
   assert rows[3].startswith("|   control: MeZO, lr / mean H(t) of hizoo_a0.001 constant |")
   assert "Selection pending" not in report.report("t_hiz", res, None)
+  # a seed run by another table at the selected lr joins the pairing; the selection does not
+  # change, and a seed nobody ran is left out
+  run.run_grid(dataclasses.replace(base, seeds=(1,)), results=res, ckpts=ck)
+  text = report.versus("t_hiz", "t_base", res, extra_seeds=(1, 2))
+  rows = [line for line in text.splitlines() if line.startswith("| ")]
+  assert "| 1.00, 1.00 | 1.00, 1.00 |" in rows[1] and "," not in rows[2]  # hizoo: seed 0
+
+
+def test_interpolated_crossing():
+  from experiments.choose import report
+
+  curve = [{"fp": 0, "train_loss": 1.0}, {"fp": 100, "train_loss": 0.8},
+           {"fp": 200, "train_loss": 0.4}, {"fp": 300, "train_loss": 0.3}]
+  res = {"curve": curve}
+  assert report.fp_to_reach(res, 0.5) == 200
+  assert report.fp_to_reach_interpolated(res, 0.5) == pytest.approx(175.0)  # 0.8 -> 0.4
+  assert report.fp_to_reach_interpolated(res, 0.4) == pytest.approx(200.0)
+  assert report.fp_to_reach_interpolated(res, 1.5) == 0.0
+  assert report.fp_to_reach_interpolated(res, 0.1) is None
+  nan = {"curve": [{"fp": 0, "train_loss": float("nan")}, *curve[2:]]}
+  assert report.fp_to_reach_interpolated(nan, 0.5) == 200.0  # no finite point before it
 
 
 def test_curvature_oracle_installs_hessian_and_resumes(tmp_path):

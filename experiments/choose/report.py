@@ -44,6 +44,24 @@ def fp_to_reach(res: dict, target: float) -> int | None:
   return None
 
 
+def fp_to_reach_interpolated(res: dict, target: float) -> float | None:
+  """Like :func:`fp_to_reach`, but linear in forward passes between the last evaluation
+  above ``target`` and the first at or below it: a finer estimate than the evaluation
+  grid when the loss falls steadily between two evaluations (it assumes nothing else)."""
+  prev = None
+  for e in res["curve"]:
+    v = e["train_loss"]
+    if v is None or not np.isfinite(v):
+      prev = None
+      continue
+    if v <= target:
+      if prev is None:  # the first finite evaluation already reaches it
+        return float(e["fp"])
+      return prev[0] + (prev[1] - target) / (prev[1] - v) * (e["fp"] - prev[0])
+    prev = (float(e["fp"]), float(v))
+  return None
+
+
 def _fmt(x, spec=".4f"):
   return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
@@ -140,10 +158,13 @@ def compare_schedules(grid: run.Grid, bests: dict, results: str):
   return "\n".join(lines)
 
 
-def selected_runs(name: str, results: str, task: str | None = None) -> list:
+def selected_runs(name: str, results: str, task: str | None = None,
+                  extra_seeds: tuple = ()) -> list:
   """``[(label, lr, {seed: result})]``: every grid x schedule of table ``name`` (on ``task``,
   if given) at its selected learning rate, each HiZOO grid followed by its step-size control;
-  grids whose selection is pending are left out."""
+  grids whose selection is pending are left out. ``extra_seeds``: seeds outside the grid's
+  (run by another table at the selected rate, e.g. ``sst2_short_seeds``) whose results are
+  added where they exist; the selection itself uses the grid's seeds only."""
   rows = []
   for grid in run.TABLES[name]:
     if task is not None and grid.task != task:
@@ -153,8 +174,11 @@ def selected_runs(name: str, results: str, task: str | None = None) -> list:
       if best is None:
         continue
       label = f"{grid.method}{grid.tag} {sch}"
-      rows.append((label, run.lr_of(best),
-                   {s: run.load(grid.config(best, sch, s), results) for s in grid.seeds}))
+      runs = {s: run.load(grid.config(best, sch, s), results) for s in grid.seeds}
+      for s in extra_seeds:
+        if s not in runs and (r := run.load(grid.config(best, sch, s), results)) is not None:
+          runs[s] = r
+      rows.append((label, run.lr_of(best), runs))
       if grid.control:
         ctl = {s: run.load(grid.control_config(best, sch, s), results) for s in grid.seeds}
         ctl = {s: r for s, r in ctl.items() if r is not None}
@@ -163,15 +187,16 @@ def selected_runs(name: str, results: str, task: str | None = None) -> list:
   return rows
 
 
-def versus(name: str, baseline: str, results: str) -> str:
+def versus(name: str, baseline: str, results: str, extra_seeds: tuple = ()) -> str:
   """Every selected row of table ``name`` against the tuned baseline (the lowest mean
   validation loss among table ``baseline``'s selected rows on the same task), paired by
   seed: forward passes to reach the baseline's final training loss of the same seed, over
-  the baseline's forward passes."""
+  the baseline's forward passes, on the evaluation grid and interpolated between the two
+  evaluations around the crossing. ``extra_seeds``: see :func:`selected_runs`."""
   tasks_ = sorted({g.task for g in run.TABLES[name]})
   out = []
   for task in tasks_:
-    base_rows = selected_runs(baseline, results, task)
+    base_rows = selected_runs(baseline, results, task, extra_seeds)
     if not base_rows:
       out.append(f"{task}: the baseline table {baseline} has no selection yet.")
       continue
@@ -180,32 +205,39 @@ def versus(name: str, baseline: str, results: str) -> str:
     lines = [f"**{task}**: against the tuned baseline {b_label} at lr {b_lr:.3g} "
              f"({baseline}). Ratio: forward passes to reach the baseline's final training "
              "loss of the same seed over the baseline's forward passes (\"never\": not "
-             "within the budget).", "",
+             "within the budget), at the first evaluation that reaches it and interpolated "
+             "linearly between the two evaluations around the crossing.", "",
              "| method | lr | val loss | train loss | test acc % | ratio per seed | "
-             "state bytes | s / forward pass |", "|---|---|---|---|---|---|---|---|"]
+             "interpolated | state bytes | s / forward pass |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label, lr, rs in [(f"{b_label} (baseline)", b_lr, b_runs),
-                          *selected_runs(name, results, task)]:
-      ratios = []
+                          *selected_runs(name, results, task, extra_seeds)]:
+      ratios, interp = [], []
       for s, r in sorted(rs.items()):
         b = b_runs.get(s)
         if r is None or b is None or b["final"]["train_loss"] is None:
           ratios.append("—")
+          interp.append("—")
           continue
         hit = fp_to_reach(r, b["final"]["train_loss"])
         ratios.append("never" if hit is None else f"{hit / b['forward_passes']:.2f}")
+        hit = fp_to_reach_interpolated(r, b["final"]["train_loss"])
+        interp.append("never" if hit is None else f"{hit / b['forward_passes']:.2f}")
       vals = [r for r in rs.values() if r is not None]
       spf = [r["sec_per_fp"] for r in vals if r["sec_per_fp"]]
       lines.append(
           f"| {label} | {lr:.3g} | {_mean_sd([run.val_loss(r) for r in vals])} | "
           f"{_mean_sd([r['final']['train_loss'] for r in vals])} | "
           f"{_mean_sd([(r['test'] or {}).get('test_accuracy') for r in vals], '.1f', 100.0)}"
-          f" | {', '.join(ratios)} | {vals[0]['state_bytes'] if vals else '—'} | "
+          f" | {', '.join(ratios)} | {', '.join(interp)} | "
+          f"{vals[0]['state_bytes'] if vals else '—'} | "
           f"{_fmt(float(np.median(spf)) if spf else None, '.2e')} |")
     out.append("\n".join(lines))
   return "\n\n".join(out)
 
 
-def plot_versus(name: str, baseline: str, results: str, task: str, path: str) -> None:
+def plot_versus(name: str, baseline: str, results: str, task: str, path: str,
+                extra_seeds: tuple = ()) -> None:
   """Training-set loss against forward passes: the tuned baseline and every selected row
   of table ``name`` on ``task``, one line per seed."""
   import matplotlib
@@ -213,11 +245,11 @@ def plot_versus(name: str, baseline: str, results: str, task: str, path: str) ->
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  base_rows = selected_runs(baseline, results, task)
+  base_rows = selected_runs(baseline, results, task, extra_seeds)
   if not base_rows:
     return
   b = min(base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
-  rows = [(f"{b[0]} (baseline)", b[1], b[2]), *selected_runs(name, results, task)]
+  rows = [(f"{b[0]} (baseline)", b[1], b[2]), *selected_runs(name, results, task, extra_seeds)]
   fig, ax = plt.subplots(figsize=(8, 4.8))
   for i, (label, lr, rs) in enumerate(rows):
     for j, r in enumerate(x for x in rs.values() if x is not None):
@@ -293,15 +325,19 @@ def main(argv=None) -> None:
   p.add_argument("--no-plot", action="store_true")
   p.add_argument("--versus", default=None,
                  help="also compare each table's selected rows with this baseline table's")
+  p.add_argument("--extra-seeds", type=int, nargs="*", default=[],
+                 help="with --versus: also pair these seeds where another table ran them at "
+                      "the selected learning rates (e.g. sst2_short_seeds: 1 2)")
   a = p.parse_args(argv)
+  extra = tuple(a.extra_seeds)
   for name in a.table or ["digits_mezo"]:
     print(report(name, a.results, None if a.no_plot else FIGURES))
     if a.versus:
-      print("\n" + versus(name, a.versus, a.results))
+      print("\n" + versus(name, a.versus, a.results, extra))
       if not a.no_plot:
         for task in sorted({g.task for g in run.TABLES[name]}):
           png = os.path.join(FIGURES, f"choosing_{name}_vs_{a.versus}_{task}.png")
-          plot_versus(name, a.versus, a.results, task, png)
+          plot_versus(name, a.versus, a.results, task, png, extra)
           print(f"(plot: {os.path.relpath(png, ROOT)})")
 
 
