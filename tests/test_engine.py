@@ -246,10 +246,11 @@ def test_the_step_keeps_no_params_sized_temporary(name, monkeypatch):
   params = mlp((256, 256, 256, 256), jnp.float32)
   x = jnp.zeros((8, 256), jnp.float32)
   y = jnp.zeros((8, 256), jnp.float32)
-  # Several probes: HiZOO-L also holds the blocks of its replayed factored updates; HiZOO
-  # one copy of H (its final pass reads the stored H for the estimate while it writes
-  # the new H in place; docs/guides/methods.md).
-  bound = {"hizoo_multi": 1.1, "hizoo_l_multi": 0.1}.get(name, 0.05)
+  # Several probes: HiZOO-L also holds the blocks of its replayed factored updates.
+  # HiZOO's final pass reads the stored H for the estimate while it writes the new H in
+  # place: without the engine's ordering (Method.state_after_params) XLA keeps a copy of H
+  # (0.99).
+  bound = {"hizoo_l_multi": 0.1}.get(name, 0.05)
   for where, extra in lean_step_extra(tx, loss_fn, params, x, y).items():
     assert extra <= bound, (where, extra)
 

@@ -163,6 +163,12 @@ class Method:
   # pass fewer). A method whose displacement reads a params-sized state that its update
   # rewrites (HiZOO's dense H) turns this off: XLA would keep a copy of the old state.
   restore_in_update: ClassVar[bool] = True
+  # The update's pass over the params and its pass over the method's state both read a
+  # params-sized state (HiZOO with several probes: the stored H, from which the estimate
+  # replays the probes' H_j while the state's pass writes the new H over it). Two passes
+  # with no data dependency between them: XLA keeps a copy of the state for the reader.
+  # The lean engine then computes the state after the params (see train_step).
+  state_after_params: ClassVar[bool] = False
   sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
   key_impl: str = "threefry2x32"
   num_probes: int = 1

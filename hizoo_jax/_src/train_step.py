@@ -267,7 +267,7 @@ def _mean_aux(stacked):
   return jax.tree.map(one, stacked)
 
 
-def _final_update(tx, params, opt_state, losses):
+def _final_update(tx, params, opt_state, losses, method=None):
   """``theta + updates`` and the new state: the optimizer's own ``update`` with the losses
   the step measured, so everything chained after the estimate is the plain path's code.
 
@@ -275,10 +275,42 @@ def _final_update(tx, params, opt_state, losses):
   with a key XLA cannot merge with the gradient's (``zo_losses`` tells it so), so the
   params' pass and the state's pass each regenerate ``z`` rather than share a stored copy
   (an extra hash per element; measured: 1.0 param bytes of temporaries otherwise).
+
+  Where both passes read the method's stored state (``method.state_after_params``: HiZOO
+  with several probes), nothing orders the state's in-place write after the params' read,
+  and XLA keeps a copy of the state (1.0 param bytes, measured; an optimization barrier
+  does not order them for XLA's copy insertion, a data dependency does). So the method's
+  state is taken from a second ``update`` whose losses depend on the new params by an
+  exact zero (:func:`_after_written`): XLA drops the first call's state and the second's
+  updates as unused, so each pass is still computed once.
   """
   updates, new_state = tx.update(_zeros_like(params), opt_state, params, zo_losses=losses,
                                  value_params=params)
-  return optax.apply_updates(params, updates), new_state
+  params_new = optax.apply_updates(params, updates)
+  if method is None or not method.state_after_params:
+    return params_new, new_state
+  zero = _after_written(params_new)
+  l0, values, *rest = losses
+  tied = (l0 + zero.astype(l0.dtype), values + zero.astype(values.dtype), *rest)
+  _, later = tx.update(_zeros_like(params), opt_state, params, zo_losses=tied,
+                       value_params=params)
+  return params_new, _with_method_states(new_state, later)
+
+
+def _after_written(tree) -> jax.Array:
+  """An int32 0 that depends on every non-empty leaf of ``tree`` (one element of each,
+  compared with +inf: false for every value, NaN included, and not folded by XLA), so
+  whatever uses it is computed after those leaves are."""
+  flags = [jnp.ravel(x)[0] > jnp.inf for x in jax.tree.leaves(tree) if jnp.size(x)]
+  return sum((f.astype(jnp.int32) for f in flags), jnp.zeros((), jnp.int32))
+
+
+def _with_method_states(opt_state, source):
+  """``opt_state`` with each ZO state's method state taken from ``source`` (same
+  structure)."""
+  return jax.tree.map(
+      lambda a, b: a._replace(method=b.method) if transform.is_zo_state(a) else a,
+      opt_state, source, is_leaf=transform.is_zo_state)
 
 
 def _logged_loss(opt_state):
@@ -371,7 +403,7 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False,
           params, [c for _, c in tail], [j for j, _ in tail],
           m.Measured(losses[0], losses[1:]), prepared)
     params, opt_state = _final_update(tx, params, opt_state,
-                                      (losses[0], losses[1:], prepared))
+                                      (losses[0], losses[1:], prepared), loc.method)
     aux = _mean_aux(outs[1]) if has_aux else None
     return _outputs(params, opt_state, aux, has_aux)
 
@@ -432,7 +464,7 @@ def _jvp_step(tx, loc, f, has_aux, params, opt_state, batch):
     values = values.at[k].set(dloss.astype(dtype))
     if k == 0:
       center, aux = loss, a
-  params, opt_state = _final_update(tx, params, opt_state, (center, values))
+  params, opt_state = _final_update(tx, params, opt_state, (center, values), loc.method)
   return _outputs(params, opt_state, aux, has_aux)
 
 
@@ -463,7 +495,8 @@ def _batched_step(tx, loc, f, has_aux, params, opt_state, batch):
   values, aux = jax.vmap(lambda p: f(p, *batch))(perturbed)
   zero = f.zeros(params, *batch)
   l0, aux0 = jax.lax.cond(loc.state.hyper["center"], lambda: f(params, *batch), lambda: zero)
-  params, opt_state = _final_update(tx, params, opt_state, (l0, values, prepared))
+  params, opt_state = _final_update(tx, params, opt_state, (l0, values, prepared),
+                                    loc.method)
   if has_aux:
     aux = _mean_aux(jax.tree.map(lambda a, s: jnp.concatenate([a[None], s]), aux0, aux))
   return _outputs(params, opt_state, aux, has_aux)

@@ -67,6 +67,11 @@ class HiZOO(m.Method):
   hessian_clip: tuple[float, float] = (1e-8, 1e8)
 
   @property
+  def state_after_params(self) -> bool:
+    # Several probes: the g pass replays the H_j chain from the stored H (dense leaves).
+    return self.num_probes > 1 and not self.factored
+
+  @property
   def independent_probes(self) -> bool:
     # Probe j's direction uses H after the Hessian updates of the probes before it.
     return self.num_probes == 1
