@@ -163,6 +163,14 @@ TABLES.update({
     "digits_oracle_fixed": [g for g in oracle_grids("digits", tuple(range(-16, -3, 2)),
                                                     ("constant",), (0, 1, 2), 40_000, 2_000,
                                                     refresh=2_000) if "_r0" in g.tag],
+    # The fixed oracles that do not lengthen any step (floor 1) under the baseline's schedule
+    # (cosine decay to 30% of the peak): like for like with the tuned MeZO.
+    "digits_oracle_sched": [
+        Grid("digits", "oracle", (-12, -10, -14, -8), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("mu", 1e-3), ("oracle", kind), ("refresh", 0), ("samples", 32),
+                     ("floor", 1.0)), f"_{kind}_r0_f1")
+        for kind in ("diag", "tensor")
+    ],
     "sst2_ft_oracle": oracle_grids("sst2_ft_full", (-20, -18, -22, -16, -24), ("constant",),
                                    (0,), 20_000, 2_000, refresh=2_000),
     "sst2_lora_oracle": oracle_grids("sst2_lora_full", (-12, -10, -14, -8, -16),
