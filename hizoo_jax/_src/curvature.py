@@ -99,7 +99,43 @@ def dense(h: jax.Array | FactoredHessian, clip: tuple[float, float]) -> jax.Arra
 
 def inv_sqrt(h: jax.Array | FactoredHessian, clip: tuple[float, float]) -> jax.Array:
   """``H^{-1/2}`` of one leaf: the perturbation and update scale ``Sigma^{1/2}``."""
-  return jax.lax.rsqrt(dense(h, clip))
+  return rsqrt(dense(h, clip))
+
+
+# x^{-1/2} of floats from multiplies and adds: a first guess from the bits, then Newton
+# steps (per dtype: enough to reach its rounding from the guess's 3.4%).
+_RSQRT_MAGIC = {jnp.dtype(jnp.float32): (jnp.int32, 0x5F375A86, 3),
+                jnp.dtype(jnp.float64): (jnp.int64, 0x5FE6EB50C7B537A9, 4)}
+
+
+def rsqrt(x: jax.Array) -> jax.Array:
+  """``x ** -0.5`` for positive finite ``x``, from elementwise multiplies and adds only.
+
+  Why not ``jax.lax.rsqrt``: XLA copies a cheap elementwise producer into each fusion
+  that consumes it, but not a transcendental one. When the optimizer after HiZOO reads
+  the estimate twice (Adam: its first and second moments are two fusions), XLA stores
+  ``H^{-1/2}`` once per leaf rather than compute it twice: 0.98 param bytes over a
+  forward pass with one probe, 3.99 with four (measured). Built from multiplies and adds,
+  ``H^{-1/2}`` is recomputed inside each consumer, and nothing is stored (0.004 and 0.009).
+
+  The first guess comes from the float's bits (halve the exponent, subtract from a
+  constant): within 3.4% of the result. Each Newton step ``y <- y (3/2 - x y^2 / 2)``
+  roughly squares the relative error (3.4% -> 2e-3 -> 5e-6 -> 3e-11 -> 1e-21), so three
+  steps reach float32's rounding and four float64's. Measured over 3e5 values from
+  1e-30 to 1e30 (float32) and 1e-300 to 1e300 (float64): within 2 ulp of the exact
+  ``x ** -0.5`` (``jax.lax.rsqrt``: 1.6 ulp in float32, 1.2 in float64). Other float dtypes
+  are computed in float32. NaN stays NaN.
+  """
+  dtype = jnp.result_type(x)
+  work = dtype if dtype in _RSQRT_MAGIC else jnp.dtype(jnp.float32)
+  xw = x.astype(work)
+  itype, magic, steps = _RSQRT_MAGIC[work]
+  bits = jax.lax.bitcast_convert_type(xw, itype)
+  y = jax.lax.bitcast_convert_type(jnp.asarray(magic, itype) - (bits >> 1), work)
+  half = xw * 0.5
+  for _ in range(steps):
+    y = y * (1.5 - half * y * y)
+  return y.astype(dtype)
 
 
 def estimate(
