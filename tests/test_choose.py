@@ -159,6 +159,9 @@ def test_interpolated_crossing():
   assert report.fp_to_reach_interpolated(res, 0.5) == pytest.approx(175.0)  # 0.8 -> 0.4
   assert report.fp_to_reach_interpolated(res, 0.4) == pytest.approx(200.0)
   assert report.fp_to_reach_interpolated(res, 1.5) == 0.0
+  assert report._ratio(0.0, {"forward_passes": 300}) == "start"
+  assert report._ratio(150.0, {"forward_passes": 300}) == "0.50"
+  assert report._ratio(None, {"forward_passes": 300}) == "never"
   assert report.fp_to_reach_interpolated(res, 0.1) is None
   nan = {"curve": [{"fp": 0, "train_loss": float("nan")}, *curve[2:]]}
   assert report.fp_to_reach_interpolated(nan, 0.5) == 200.0  # no finite point before it

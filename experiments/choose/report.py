@@ -138,7 +138,8 @@ def compare_schedules(grid: run.Grid, bests: dict, results: str):
            f"{run.lr_of(done[base]):.3g} (lowest mean validation loss). Ratio: forward passes to "
            "reach the baseline's final training loss of the same seed, over the baseline's "
            "budget (evaluation interval "
-           f"{grid.eval_every:,}; \"never\": not within the budget).", "",
+           f"{grid.eval_every:,}; \"never\": not within the budget; \"start\": the start "
+           "already reaches it).", "",
            "| schedule | lr | val loss | train loss | test acc % | ratio per seed |",
            "|---|---|---|---|---|---|"]
   for sch, rs in runs.items():
@@ -147,7 +148,7 @@ def compare_schedules(grid: run.Grid, bests: dict, results: str):
       b = runs[base][s]
       target = b["final"]["train_loss"]
       hit = fp_to_reach(r, target) if target is not None else None
-      ratios.append("never" if hit is None else f"{hit / b['forward_passes']:.2f}")
+      ratios.append(_ratio(hit, b))
     vals = list(rs.values())
     lines.append(
         f"| {sch}{' (baseline)' if sch == base else ''} | {run.lr_of(done[sch]):.3g} | "
@@ -187,6 +188,14 @@ def selected_runs(name: str, results: str, task: str | None = None,
   return rows
 
 
+def _ratio(hit, baseline_run) -> str:
+  """``hit / budget``; "never" (not within the budget); "start" where the start already
+  reaches the baseline's final loss (the baseline ended no lower than it started)."""
+  if hit is None:
+    return "never"
+  return "start" if hit == 0 else f"{hit / baseline_run['forward_passes']:.2f}"
+
+
 def versus(name: str, baseline: str, results: str, extra_seeds: tuple = ()) -> str:
   """Every selected row of table ``name`` against the tuned baseline (the lowest mean
   validation loss among table ``baseline``'s selected rows on the same task), paired by
@@ -205,8 +214,9 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = ()) -> s
     lines = [f"**{task}**: against the tuned baseline {b_label} at lr {b_lr:.3g} "
              f"({baseline}). Ratio: forward passes to reach the baseline's final training "
              "loss of the same seed over the baseline's forward passes (\"never\": not "
-             "within the budget), at the first evaluation that reaches it and interpolated "
-             "linearly between the two evaluations around the crossing.", "",
+             "within the budget; \"start\": the start already reaches it, the baseline ended "
+             "no lower than it began), at the first evaluation that reaches it and "
+             "interpolated linearly between the two evaluations around the crossing.", "",
              "| method | lr | val loss | train loss | test acc % | ratio per seed | "
              "interpolated | state bytes | s / forward pass |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -220,9 +230,9 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = ()) -> s
           interp.append("—")
           continue
         hit = fp_to_reach(r, b["final"]["train_loss"])
-        ratios.append("never" if hit is None else f"{hit / b['forward_passes']:.2f}")
+        ratios.append(_ratio(hit, b))
         hit = fp_to_reach_interpolated(r, b["final"]["train_loss"])
-        interp.append("never" if hit is None else f"{hit / b['forward_passes']:.2f}")
+        interp.append(_ratio(hit, b))
       vals = [r for r in rs.values() if r is not None]
       spf = [r["sec_per_fp"] for r in vals if r["sec_per_fp"]]
       lines.append(
