@@ -164,9 +164,15 @@ def test_zeroth_order_fine_tuning_reduces_the_loss(mode):
 
 
 def test_training_on_negative_accuracy_uses_the_accuracy():
-  """A non-differentiable objective: the loss HiZOO measures (l0) is -accuracy."""
+  """A non-differentiable objective: the loss HiZOO measures (l0) is -accuracy.
+
+  The head comes from its own generator, not the module's shared one: -accuracy is
+  piecewise constant, and from some heads (e.g. the first draw of default_rng(0)) no
+  perturbation of size mu flips a prediction, so no estimate moves the params and the
+  outcome would depend on how many draws earlier tests took. From this head both seeds 1
+  and 2 raise the accuracy from 0.47 to 0.66-0.72 within 30 steps (measured)."""
   clf = heads.SequenceClassifier(tiny("bert"), 32, 2)
-  clf.kernel[...] = jnp.asarray(RNG.standard_normal((32, 2)), jnp.float32)
+  clf.kernel[...] = jnp.asarray(np.random.default_rng(1).standard_normal((32, 2)), jnp.float32)
   graphdef, params, frozen = peft.split_trainable(clf, nnx.Any(heads.HeadParam))
   loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: heads.neg_accuracy(m(i, am), y))
   ids, mask, labels = toy_batch(32)
