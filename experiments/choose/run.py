@@ -236,6 +236,23 @@ TABLES.update({
     # The paper's test functions: float32, one seed per noise draw, 3 seeds.
     "testfn_mezo": [Grid(f, "mezo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2),
                          6_000, 300, MEZO_MU) for f in ("fa", "fb", "fc")],
+    # The rest of the SST-2 baseline's schedule at the short budget: MeZO constant and linear
+    # (cosine is sst2_short_mezo), seed 0, the half-decade grid widened until interior. A
+    # table each, so that two queues can run them side by side. Constant's average step is
+    # twice cosine's at the same peak, so its grid starts at cosine's best and goes down first.
+    "sst2_short_mezo_constant": [Grid("sst2_ft_full", "mezo", (-20, -22, -18), ("constant",),
+                                      (0,), 4_000, 1_000, MEZO_MU, refine=False)],
+    "sst2_short_mezo_linear": [Grid("sst2_ft_full", "mezo", (-20, -18, -22), ("linear",),
+                                    (0,), 4_000, 1_000, MEZO_MU, refine=False)],
+    # The paper's test functions for the other methods: HiZOO at its three alphas (with the
+    # step-size control), FZOO with 8 probes; constant and the schedules MeZO has.
+    "testfn_methods": [
+        *[g for f in ("fa", "fb", "fc")
+          for g in hizoo_grids(f, "hizoo", tuple(range(-16, -1, 2)), ("constant",), (0, 1, 2),
+                               6_000, 300, HIZOO_ALPHAS["ft"])],
+        *[Grid(f, "fzoo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2), 6_000, 300,
+               (("mu", 1e-3), ("num_directions", 8)), "_n8") for f in ("fa", "fb", "fc")],
+    ],
 })
 
 
