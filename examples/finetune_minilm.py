@@ -200,7 +200,10 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
     start = int(ckpt.latest_step())
     print(f"{desc}: resumed from {ckpt.directory} at step {start}", flush=True)
   ids, mask, labels = train_set
-  evals = []
+  # Step 0 first (where the head starts, e.g. the linear probe): the table reports what
+  # the fine-tune added to it. Not after a resume (the params are no longer the start).
+  evals = ([{"step": 0, **evaluate(params, frozen, *eval_set)}]
+           if eval_every and start == 0 else [])
   bar = progress(steps, desc, show_progress)
   bar.update(start)
   times = []
@@ -274,23 +277,29 @@ def summarize(runs: dict[str, list[dict]], window: int, targets: list[float] | N
     curves = [smooth(r["losses"], window) for r in rs]
     hits = {t: [steps_to(c, t) for c in curves] for t in targets}
     accs = [r["final"]["accuracy"] for r in rs]
+    starts = [r["evals"][0]["accuracy"] for r in rs
+              if r.get("evals") and r["evals"][0]["step"] == 0]
+    start = float(np.mean(starts)) if len(starts) == len(rs) else None
     sps = float(np.median([r["sec_per_step"] for r in rs]))
     summary["optimizers"][name] = {
         "steps_to_target": {str(t): h for t, h in hits.items()},
         "median_steps_to_target": {str(t): _median_steps(h) for t, h in hits.items()},
         "final_smoothed_loss_median": finals[name], "final_accuracy": accs,
-        "final_accuracy_mean": float(np.mean(accs)), "sec_per_step_median": sps}
+        "final_accuracy_mean": float(np.mean(accs)), "start_accuracy": starts,
+        "start_accuracy_mean": start, "sec_per_step_median": sps}
     cells = []
     for h in hits.values():
       med = _median_steps(h)
       cells.append(f"{'never' if med is None else med} ({sum(x is not None for x in h)}/{len(h)}:"
                    f" {', '.join('-' if x is None else str(x) for x in h)})")
     rows.append(f"| {name} | " + " | ".join(cells) +
-                f" | {finals[name]:.4f} | {np.mean(accs):.3f} ± {np.std(accs):.3f} "
+                f" | {finals[name]:.4f} | {'-' if start is None else f'{start:.3f}'} "
+                f"| {np.mean(accs):.3f} ± {np.std(accs):.3f} "
                 f"({', '.join(f'{a:.3f}' for a in accs)}) | {sps:.3f} |")
   head = " | ".join(f"steps to loss ≤ {t:.3f}: median (reached: per seed)" for t in targets)
-  table = (f"| optimizer | {head} | final loss (median) | eval accuracy mean ± sd (per seed)"
-           f" | s/step (median) |\n|---|{'---|' * len(targets)}---|---|---|\n" + "\n".join(rows))
+  table = (f"| optimizer | {head} | final loss (median) | eval accuracy at step 0 (mean) "
+           f"| eval accuracy mean ± sd (per seed) | s/step (median) |\n"
+           f"|---|{'---|' * len(targets)}---|---|---|---|\n" + "\n".join(rows))
   return table, summary
 
 

@@ -261,3 +261,19 @@ def test_a_frozen_integer_leaf_trains_in_the_engine():
   new, _, loss = step(params, tx.init(params))
   assert int(new["n"]) == 3 and np.isfinite(float(loss))
   assert not np.array_equal(np.asarray(new["w"]), np.ones(4))
+
+
+@pytest.mark.parametrize("factory, option, value", [(hz.zo_muon, "vector_scale", 0.1),
+                                                    (hz.lozo, "momentum", 0.5)])
+def test_a_static_float_option_traced_says_to_list_it_in_static_args(factory, option, value):
+  """ZO-Muon's vector_scale and LOZO's momentum are static options of the method (they
+  choose its arithmetic); traced by ``optax.inject_hyperparams`` they are refused by name,
+  not with JAX's ConcretizationTypeError from inside the library."""
+  tx = optax.inject_hyperparams(factory, static_args=("rank",))(
+      learning_rate=1e-2, **{option: value})
+  state = tx.init(P)
+  with pytest.raises(TypeError, match=f"{option}.*static_args"):
+    jax.jit(lambda s: tx.update(None, s, P, value_fn=F))(state)
+  fixed = optax.inject_hyperparams(factory, static_args=("rank", option))(
+      learning_rate=1e-2, **{option: value})
+  jax.jit(lambda s: fixed.update(None, s, P, value_fn=F))(fixed.init(P))

@@ -169,6 +169,15 @@ class Method:
   # with no data dependency between them: XLA keeps a copy of the state for the reader.
   # The lean engine then computes the state after the params (see train_step).
   state_after_params: ClassVar[bool] = False
+  # The method's matrix directions are matmul products (a leaf-sized buffer each, which XLA
+  # does not fuse into the pass that adds it to the leaf). XLA:CPU's default scheduler runs
+  # each operation for every leaf before the next, so it forms every leaf's product before
+  # it adds any: all of them alive at once. The lean engine then orders the leaves, each
+  # leaf's product formed after the previous leaf is written, in its passes and in its
+  # update. It needs the default :meth:`displacement` (directions from
+  # :meth:`direction_leaf`, each depending on the method's state) and a new state that no
+  # product feeds (see train_step).
+  serial_products: ClassVar[bool] = False
   sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
   key_impl: str = "threefry2x32"
   num_probes: int = 1

@@ -151,12 +151,40 @@ class _Located:
       method_state, leaves, prepared, _ = jax.lax.optimization_barrier(
           (method_state, leaves, prepared, after))
     mu = st.hyper["mu"]
+    if self.method.serial_products:
+      leaves = self._serial_moves(leaves, coefs, probes, method_state, prepared, after)
+      return self.merge(params, treedef.unflatten(leaves))
     for coef, probe in zip(coefs, probes, strict=True):
       step = jnp.asarray(coef, mu.dtype) * mu
       d = self.method.displacement(self.noise(leaves, prepared), method_state, st.hyper,
                                    probe, measured, step, after=after)
       leaves = transform.moved(leaves, d)
     return self.merge(params, treedef.unflatten(leaves))
+
+  def _serial_moves(self, leaves, coefs, probes, method_state, prepared, after):
+    """The moves of :meth:`perturb` leaf after leaf (``Method.serial_products``): each
+    leaf's directions read the method's state plus an exact zero computed from the previous
+    leaf's moved value, so its products are formed after that leaf is written (and the
+    previous products are freed). A data dependency: an optimization barrier in its place
+    does not order them (measured: every product alive at once, as without it)."""
+    st, method = self.state, self.method
+    mu = st.hyper["mu"]
+    noise = self.noise(leaves, prepared)
+    words = [noise.words(probe, after) for probe in probes]
+    steps = [jnp.asarray(coef, mu.dtype) * mu for coef in coefs]
+    out, zero = [], None
+    for i, leaf in enumerate(leaves):
+      state_i = method_state
+      if zero is not None:
+        state_i = jax.tree.map(lambda a, z=zero: a + z.astype(a.dtype), method_state)
+      for w, step in zip(words, steps, strict=True):
+        d = method.direction_leaf(noise, state_i, st.hyper, w, i, leaf)
+        leaf, = transform.moved([leaf], [step.astype(d.dtype) * d])
+      out.append(leaf)
+      # A running sum: a leaf whose direction does not read the state (a vector's noise)
+      # passes the order on.
+      zero = _after_whole([leaf]) + (0 if zero is None else zero)
+    return out
 
   def tangents(self, params, probe, measured):
     """The tree ``D_probe`` (zeros at frozen leaves), the tangent of a ``"jvp"`` method."""
@@ -287,6 +315,8 @@ def _final_update(tx, params, opt_state, losses, method=None):
   updates, new_state = tx.update(_zeros_like(params), opt_state, params, zo_losses=losses,
                                  value_params=params)
   params_new = optax.apply_updates(params, updates)
+  if method is not None and method.serial_products:
+    return _serial_update(tx, params, opt_state, losses, params_new, new_state)
   if method is None or not method.state_after_params:
     return params_new, new_state
   zero = _after_written(params_new)
@@ -297,11 +327,81 @@ def _final_update(tx, params, opt_state, losses, method=None):
   return params_new, _with_method_states(new_state, later)
 
 
+# A group of leaves whose update products may be alive at once (Method.serial_products):
+# up to this fraction of the params' bytes, or one leaf where a leaf is larger.
+SERIAL_GROUP_FRACTION = 0.05
+
+
+def _serial_groups(leaves) -> list[list[int]]:
+  """Consecutive leaves in groups of at most ``SERIAL_GROUP_FRACTION`` of the params'
+  bytes (a larger leaf alone)."""
+  sizes = [int(jnp.size(x)) * jnp.dtype(jnp.result_type(x)).itemsize for x in leaves]
+  budget = SERIAL_GROUP_FRACTION * sum(sizes)
+  groups, total = [[]], 0
+  for i, size in enumerate(sizes):
+    if groups[-1] and total + size > budget:
+      groups.append([])
+      total = 0
+    groups[-1].append(i)
+    total += size
+  return groups
+
+
+def _serial_update(tx, params, opt_state, losses, params_new, new_state):
+  """``(params, state)`` computed group of leaves after group (``Method.serial_products``).
+
+  The products of a leaf's update are formed inside the ZO transform, before the rest of
+  the chain, so ordering them after the previous leaves' writes takes one ``update`` per
+  group: each call's losses and method state depend on those writes by an exact zero
+  (:func:`_after_whole`), and XLA keeps each call's part for its own group and drops the
+  rest as unused. The new state comes from the last call: its reads of the method's state
+  (e.g. ZO-Muon's projectors) come after every other call's, so the state is written in
+  place, with no copy kept for the readers. This holds where no params-sized state other
+  than the ZO transform's own is fed by the updates (a chain with Adam's moments would
+  form every product again for them): there the single ``update`` is kept."""
+  zo_ids = {id(x) for s in _zo_states(new_state) for x in jax.tree.leaves(s)}
+  other = sum(x.size for x in jax.tree.leaves(new_state) if id(x) not in zo_ids)
+  leaves, treedef = jax.tree.flatten(params_new)
+  groups = _serial_groups(leaves)
+  if other >= 0.01 * sum(x.size for x in leaves) or len(groups) < 2:
+    return params_new, new_state
+  out = list(leaves)
+  l0, values, *rest = losses
+  state = new_state
+  for prev, group in zip(groups[:-1], groups[1:], strict=True):
+    zero = _after_whole([out[i] for i in prev])
+    tied = (l0 + zero.astype(l0.dtype), values + zero.astype(values.dtype), *rest)
+    updates, state = tx.update(_zeros_like(params), _tied_method_states(opt_state, zero),
+                               params, zo_losses=tied, value_params=params)
+    later = jax.tree.leaves(optax.apply_updates(params, updates))
+    for i in group:
+      out[i] = later[i]
+  return treedef.unflatten(out), state
+
+
+def _tied_method_states(opt_state, zero):
+  """``opt_state`` with each ZO state's method state plus ``zero`` (the same values,
+  computed after whatever ``zero`` depends on)."""
+  tie = lambda tree: jax.tree.map(lambda a: a + zero.astype(a.dtype), tree)
+  return jax.tree.map(
+      lambda a: a._replace(method=tie(a.method)) if transform.is_zo_state(a) else a,
+      opt_state, is_leaf=transform.is_zo_state)
+
+
 def _after_written(tree) -> jax.Array:
   """An int32 0 that depends on every non-empty leaf of ``tree`` (one element of each,
   compared with +inf: false for every value, NaN included, and not folded by XLA), so
   whatever uses it is computed after those leaves are."""
   flags = [jnp.ravel(x)[0] > jnp.inf for x in jax.tree.leaves(tree) if jnp.size(x)]
+  return sum((f.astype(jnp.int32) for f in flags), jnp.zeros((), jnp.int32))
+
+
+def _after_whole(leaves) -> jax.Array:
+  """An int32 0 that depends on every element of ``leaves`` (the largest element above
+  +inf: false for every value, NaN included): unlike :func:`_after_written`, XLA cannot
+  compute it from a slice of the producer's inputs, so the producer's whole pass comes
+  first. (``any(x > inf)`` would store the comparison's boolean array.)"""
+  flags = [jnp.max(x) > jnp.inf for x in leaves if jnp.size(x)]
   return sum((f.astype(jnp.int32) for f in flags), jnp.zeros((), jnp.int32))
 
 

@@ -620,7 +620,8 @@ def scale_by_lozo(
   """
   sampler = cfg.check_sampler(sampler, needs_gaussian=False)
   method = lozo_method.LOZO(sampler=sampler, key_impl=cfg.key_impl_of(seed), num_probes=1,
-                            rank=_static_int("rank", rank), momentum=float(momentum))
+                            rank=_static_int("rank", rank),
+                            momentum=_static_float("momentum", momentum))
   return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
                                    resample_every=resample_every), seed)
 
@@ -699,7 +700,7 @@ def scale_by_zo_muon(
   method = zo_muon_method.ZOMuon(sampler=sampler, key_impl=cfg.key_impl_of(seed),
                                  num_probes=_probes(num_directions),
                                  rank=_static_int("rank", rank),
-                                 vector_scale=float(vector_scale))
+                                 vector_scale=_static_float("vector_scale", vector_scale))
   return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
                                    resample_every=resample_every), seed)
 
@@ -710,6 +711,14 @@ def _static_int(name: str, value: Any) -> int:
     raise TypeError(f"{name} must be a concrete int (it shapes the state); under "
                     f"optax.inject_hyperparams list it in static_args")
   return v
+
+
+def _static_float(name: str, value: Any) -> float:
+  try:
+    return float(value)
+  except jax.errors.ConcretizationTypeError:
+    raise TypeError(f"{name} must be a concrete number (a static option of the method); "
+                    f"under optax.inject_hyperparams list it in static_args") from None
 
 
 HIZOO_OPTIONS: tuple[inspect.Parameter, ...] = tuple(

@@ -54,6 +54,11 @@ class LOZO(m.Method):
   rank: int = 2
   momentum: float = 0.0
 
+  @property
+  def serial_products(self) -> bool:
+    # Above the fused rank its products are matmuls, one leaf-sized buffer each.
+    return self.rank > lr.FUSED_RANK
+
   def check(self, hyper):
     lr.check_options(self.rank, hyper)
     if not 0.0 <= self.momentum < 1.0:

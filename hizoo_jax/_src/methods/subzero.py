@@ -47,6 +47,11 @@ class SubZero(spsa.SPSA):
   restore_in_update = False
   rank: int = 8
 
+  @property
+  def serial_products(self) -> bool:
+    # Above the fused rank its products are matmuls, one leaf-sized buffer each.
+    return self.rank > lr.FUSED_RANK
+
   def check(self, hyper):
     lr.check_options(self.rank, hyper)
 

@@ -77,6 +77,11 @@ class ZOMuon(m.Method):
   def passes(self):
     return m.one_sided(self.num_probes)
 
+  @property
+  def serial_products(self) -> bool:
+    # Above the fused rank its products P u_i and P NS5(R) are matmuls, one leaf each.
+    return self.rank > lr.FUSED_RANK
+
   def check(self, hyper):
     lr.check_options(self.rank, hyper)
     cfg.check_nonnegative("vector_scale", self.vector_scale)
