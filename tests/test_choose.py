@@ -167,6 +167,21 @@ def test_interpolated_crossing():
   assert report.fp_to_reach_interpolated(nan, 0.5) == 200.0  # no finite point before it
 
 
+def test_ratio_to_a_fixed_target():
+  """``--target``: passes to reach a fixed loss over the baseline's passes to reach it."""
+  from experiments.choose import report
+
+  base = {"curve": [{"fp": 0, "train_loss": 1.0}, {"fp": 100, "train_loss": 0.6},
+                    {"fp": 200, "train_loss": 0.2}]}
+  fast = {"curve": [{"fp": 0, "train_loss": 1.0}, {"fp": 100, "train_loss": 0.2}]}
+  # base reaches 0.4 at 200 on the grid, 150 interpolated; fast at 100 and 75
+  assert report._target_ratio(fast, base, 0.4) == ("0.50", "0.50")
+  assert report._target_ratio(base, fast, 0.4) == ("2.00", "2.00")
+  assert report._target_ratio(base, fast, 0.1) == ("—", "—")  # the baseline never does
+  assert report._target_ratio(base, {"curve": fast["curve"][:1] + [
+      {"fp": 100, "train_loss": 0.05}]}, 0.1) == ("never", "never")
+
+
 def test_curvature_oracle_installs_hessian_and_resumes(tmp_path):
   from experiments.choose import oracle
 

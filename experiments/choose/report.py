@@ -196,12 +196,28 @@ def _ratio(hit, baseline_run) -> str:
   return "start" if hit == 0 else f"{hit / baseline_run['forward_passes']:.2f}"
 
 
-def versus(name: str, baseline: str, results: str, extra_seeds: tuple = ()) -> str:
+def _target_ratio(r, b, target) -> tuple[str, str]:
+  """Forward passes of run ``r`` to reach ``target`` over the baseline run ``b``'s (on the
+  evaluation grid, and interpolated); "never" where ``r`` does not reach it, "—" where the
+  baseline does not."""
+  out = []
+  for fn in (fp_to_reach, fp_to_reach_interpolated):
+    bh, hit = fn(b, target), fn(r, target)
+    out.append("—" if not bh else "never" if hit is None else f"{hit / bh:.2f}")
+  return out[0], out[1]
+
+
+def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
+           target: float | None = None) -> str:
   """Every selected row of table ``name`` against the tuned baseline (the lowest mean
   validation loss among table ``baseline``'s selected rows on the same task), paired by
   seed: forward passes to reach the baseline's final training loss of the same seed, over
   the baseline's forward passes, on the evaluation grid and interpolated between the two
-  evaluations around the crossing. ``extra_seeds``: see :func:`selected_runs`."""
+  evaluations around the crossing. ``extra_seeds``: see :func:`selected_runs`.
+
+  ``target``: a fixed training loss instead (for tasks such as the test functions, where
+  the tuned runs end at the float's resolution): forward passes to reach it over the
+  baseline's forward passes to reach it, seed by seed."""
   tasks_ = sorted({g.task for g in run.TABLES[name]})
   out = []
   for task in tasks_:
@@ -211,12 +227,16 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = ()) -> s
       continue
     b_label, b_lr, b_runs = min(
         base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
+    what = ("the baseline's final training loss of the same seed over the baseline's "
+            "forward passes (\"never\": not within the budget; \"start\": the start "
+            "already reaches it, the baseline ended no lower than it began)"
+            if target is None else
+            f"training loss {target:g} over the baseline's forward passes to reach it, same "
+            "seed (\"never\": not within the budget)")
     lines = [f"**{task}**: against the tuned baseline {b_label} at lr {b_lr:.3g} "
-             f"({baseline}). Ratio: forward passes to reach the baseline's final training "
-             "loss of the same seed over the baseline's forward passes (\"never\": not "
-             "within the budget; \"start\": the start already reaches it, the baseline ended "
-             "no lower than it began), at the first evaluation that reaches it and "
-             "interpolated linearly between the two evaluations around the crossing.", "",
+             f"({baseline}). Ratio: forward passes to reach {what}, at the first evaluation "
+             "that reaches it and interpolated linearly between the two evaluations around "
+             "the crossing.", "",
              "| method | lr | val loss | train loss | test acc % | ratio per seed | "
              "interpolated | state bytes | s / forward pass |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -228,6 +248,11 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = ()) -> s
         if r is None or b is None or b["final"]["train_loss"] is None:
           ratios.append("—")
           interp.append("—")
+          continue
+        if target is not None:
+          grid_ratio, interp_ratio = _target_ratio(r, b, target)
+          ratios.append(grid_ratio)
+          interp.append(interp_ratio)
           continue
         hit = fp_to_reach(r, b["final"]["train_loss"])
         ratios.append(_ratio(hit, b))
@@ -338,12 +363,15 @@ def main(argv=None) -> None:
   p.add_argument("--extra-seeds", type=int, nargs="*", default=[],
                  help="with --versus: also pair these seeds where another table ran them at "
                       "the selected learning rates (e.g. sst2_short_seeds: 1 2)")
+  p.add_argument("--target", type=float, default=None,
+                 help="with --versus: forward passes to reach this training loss, over the "
+                      "baseline's (instead of to reach the baseline's final loss)")
   a = p.parse_args(argv)
   extra = tuple(a.extra_seeds)
   for name in a.table or ["digits_mezo"]:
     print(report(name, a.results, None if a.no_plot else FIGURES))
     if a.versus:
-      print("\n" + versus(name, a.versus, a.results, extra))
+      print("\n" + versus(name, a.versus, a.results, extra, a.target))
       if not a.no_plot:
         for task in sorted({g.task for g in run.TABLES[name]}):
           png = os.path.join(FIGURES, f"choosing_{name}_vs_{a.versus}_{task}.png")
