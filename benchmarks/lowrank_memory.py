@@ -44,6 +44,8 @@ def main(argv=None) -> None:
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--length", type=int, default=128)
   p.add_argument("--out", default=None)
+  p.add_argument("--user-jit", action="store_true",
+                 help="also compile the step traced into a user's donating jit")
   args = p.parse_args(argv)
   cfg = gpu.LLAMA_1B
   model = nnx.eval_shape(lambda: llama.LlamaForCausalLM(
@@ -69,6 +71,12 @@ def main(argv=None) -> None:
     print(f"{name}: {out['methods'][name]['extra_param_bytes']:.4f} param bytes beyond a "
           f"forward pass (compiled in {out['methods'][name]['compile_seconds']:.0f} s)",
           flush=True)
+    if args.user_jit:
+      step = hz.make_train_step(tx, loss_fn)
+      user = jax.jit(lambda p, s, f, i: step(p, s, f, i, i), donate_argnums=(0, 1))
+      extra = (transient(user.lower(params, state, frozen, ids).compile()) - fwd) / nbytes
+      out["methods"][name]["extra_param_bytes_in_user_jit"] = extra
+      print(f"{name}: {extra:.4f} param bytes in a user's jit", flush=True)
   if args.out:
     with open(args.out, "w") as fh:
       json.dump(out, fh, indent=1)
