@@ -73,7 +73,7 @@ def main(argv=None) -> None:
           flush=True)
     if args.user_jit:
       step = hz.make_train_step(tx, loss_fn)
-      user = jax.jit(lambda p, s, f, i: step(p, s, f, i, i), donate_argnums=(0, 1))
+      user = jax.jit(lambda p, s, f, i, step=step: step(p, s, f, i, i), donate_argnums=(0, 1))
       extra = (transient(user.lower(params, state, frozen, ids).compile()) - fwd) / nbytes
       out["methods"][name]["extra_param_bytes_in_user_jit"] = extra
       print(f"{name}: {extra:.4f} param bytes in a user's jit", flush=True)

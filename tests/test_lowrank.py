@@ -407,6 +407,25 @@ def test_compositions_follow_the_plain_path(make):
   assert moved > 1e-5, moved
 
 
+def test_an_estimate_of_some_leaves_equals_the_full_estimate_there():
+  """``zo_leaves`` (the lean engine's call per group of leaves when it orders ZO-Muon's
+  products): the estimate of the named leaves as in the full call, zeros elsewhere, and the
+  whole new state."""
+  tx = hz.zo_muon(1e-2, rank=32, num_directions=2, resample_every=2, vector_scale=0.5)
+  params = engine.mlp()
+  state = tx.init(params)
+  losses = (jnp.asarray(1.0), jnp.asarray([1.1, 0.95]))
+  for _ in range(2):  # a step that redraws the projectors, then one that keeps them
+    full, full_state = tx.update(None, state, params, zo_losses=losses)
+    some, some_state = tx.update(None, state, params, zo_losses=losses, zo_leaves=(0, 3))
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(full), jax.tree.leaves(some),
+                                   strict=True)):
+      np.testing.assert_array_equal(b, a if i in (0, 3) else np.zeros_like(a))
+    chex.assert_trees_all_equal(some_state, full_state)
+    assert float(jnp.max(jnp.abs(jax.tree.leaves(full)[0]))) > 0
+    state = full_state
+
+
 # --- memory: the lean step keeps no params-sized temporary --------------------------------
 
 MEMORY = {

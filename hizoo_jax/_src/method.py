@@ -262,6 +262,18 @@ class Method:
     raise NotImplementedError
 
 
+  def estimate_some(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array],
+                    params: list, measured: Measured, only: frozenset
+                    ) -> tuple[list, Any, dict[str, jax.Array]]:
+    """:meth:`estimate` for a caller that uses the estimate of the leaves in ``only`` (flat
+    indices) alone: the others may be anything of their shape and dtype (zeros), while the
+    new state and the stats stay complete. The lean engine calls it once per group of
+    leaves for a method with :attr:`serial_products`, so a method that skips the others
+    saves their trace; the default computes everything."""
+    del only
+    return self.estimate(noise, state, hyper, params, measured)
+
+
 def probe_values(method: Method, measured: Measured, dtype: Any) -> tuple[jax.Array, ...]:
   """The measured values grouped per probe: ``(v[probe, 0], v[probe, 1], ...)`` for a
   method whose probes all measure the same number of times (e.g. ``(l+, l-)``)."""

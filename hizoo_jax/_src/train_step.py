@@ -127,6 +127,16 @@ class _Located:
     noise_key, _ = sampling.split_state_key(key)
     return m.StepNoise(self.method.sampler, noise_key, leaves, prepared=prepared)
 
+  def leaf_positions(self, params) -> list[int]:
+    """For each leaf of the view (in its order), its index in ``jax.tree.leaves(params)``."""
+    parts = self.view_def.flatten_up_to(params)
+    out, k = [], 0
+    for part, keep in zip(parts, self.mask, strict=True):
+      if keep:
+        out.append(k)
+      k += len(jax.tree.leaves(part))
+    return out
+
   def prepare(self, params):
     """What the method needs from the unperturbed params (see Method.prepare)."""
     leaves = jax.tree.leaves(self.view(params))
@@ -295,7 +305,7 @@ def _mean_aux(stacked):
   return jax.tree.map(one, stacked)
 
 
-def _final_update(tx, params, opt_state, losses, method=None):
+def _final_update(tx, params, opt_state, losses, loc=None):
   """``theta + updates`` and the new state: the optimizer's own ``update`` with the losses
   the step measured, so everything chained after the estimate is the plain path's code.
 
@@ -312,11 +322,12 @@ def _final_update(tx, params, opt_state, losses, method=None):
   exact zero (:func:`_after_written`): XLA drops the first call's state and the second's
   updates as unused, so each pass is still computed once.
   """
+  method = None if loc is None else loc.method
   updates, new_state = tx.update(_zeros_like(params), opt_state, params, zo_losses=losses,
                                  value_params=params)
   params_new = optax.apply_updates(params, updates)
   if method is not None and method.serial_products:
-    return _serial_update(tx, params, opt_state, losses, params_new, new_state)
+    return _serial_update(tx, params, opt_state, losses, params_new, new_state, loc)
   if method is None or not method.state_after_params:
     return params_new, new_state
   zero = _after_written(params_new)
@@ -347,35 +358,39 @@ def _serial_groups(leaves) -> list[list[int]]:
   return groups
 
 
-def _serial_update(tx, params, opt_state, losses, params_new, new_state):
+def _serial_update(tx, params, opt_state, losses, params_new, new_state, loc):
   """``(params, state)`` computed group of leaves after group (``Method.serial_products``).
 
   The products of a leaf's update are formed inside the ZO transform, before the rest of
   the chain, so ordering them after the previous leaves' writes takes one ``update`` per
   group: each call's losses and method state depend on those writes by an exact zero
-  (:func:`_after_whole`), and XLA keeps each call's part for its own group and drops the
-  rest as unused. The new state comes from the last call: its reads of the method's state
-  (e.g. ZO-Muon's projectors) come after every other call's, so the state is written in
-  place, with no copy kept for the readers. This holds where no params-sized state other
-  than the ZO transform's own is fed by the updates (a chain with Adam's moments would
-  form every product again for them): there the single ``update`` is kept."""
+  (:func:`_after_whole`), and each call estimates its own group's leaves alone
+  (``zo_leaves``, ``Method.estimate_some``); XLA drops what a call computes for the other
+  leaves. The first call is the full ``update`` (its first group, and every leaf outside
+  the ZO transform). The new state comes from the last call: its reads of the method's
+  state (e.g. ZO-Muon's projectors) come after every other call's, so the state is written
+  in place, with no copy kept for the readers. This holds where no params-sized state
+  other than the ZO transform's own is fed by the updates (a chain with Adam's moments
+  would form every product again for them): there the single ``update`` is kept."""
   zo_ids = {id(x) for s in _zo_states(new_state) for x in jax.tree.leaves(s)}
   other = sum(x.size for x in jax.tree.leaves(new_state) if id(x) not in zo_ids)
   leaves, treedef = jax.tree.flatten(params_new)
-  groups = _serial_groups(leaves)
+  position = loc.leaf_positions(params)  # ZO leaf i is leaves[position[i]]
+  groups = _serial_groups([leaves[k] for k in position])
   if other >= 0.01 * sum(x.size for x in leaves) or len(groups) < 2:
     return params_new, new_state
   out = list(leaves)
   l0, values, *rest = losses
   state = new_state
   for prev, group in zip(groups[:-1], groups[1:], strict=True):
-    zero = _after_whole([out[i] for i in prev])
+    zero = _after_whole([out[position[i]] for i in prev])
     tied = (l0 + zero.astype(l0.dtype), values + zero.astype(values.dtype), *rest)
     updates, state = tx.update(_zeros_like(params), _tied_method_states(opt_state, zero),
-                               params, zo_losses=tied, value_params=params)
+                               params, zo_losses=tied, value_params=params,
+                               zo_leaves=tuple(group))
     later = jax.tree.leaves(optax.apply_updates(params, updates))
     for i in group:
-      out[i] = later[i]
+      out[position[i]] = later[position[i]]
   return treedef.unflatten(out), state
 
 
@@ -503,7 +518,7 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False,
           params, [c for _, c in tail], [j for j, _ in tail],
           m.Measured(losses[0], losses[1:]), prepared)
     params, opt_state = _final_update(tx, params, opt_state,
-                                      (losses[0], losses[1:], prepared), loc.method)
+                                      (losses[0], losses[1:], prepared), loc)
     aux = _mean_aux(outs[1]) if has_aux else None
     return _outputs(params, opt_state, aux, has_aux)
 
@@ -564,7 +579,7 @@ def _jvp_step(tx, loc, f, has_aux, params, opt_state, batch):
     values = values.at[k].set(dloss.astype(dtype))
     if k == 0:
       center, aux = loss, a
-  params, opt_state = _final_update(tx, params, opt_state, (center, values), loc.method)
+  params, opt_state = _final_update(tx, params, opt_state, (center, values), loc)
   return _outputs(params, opt_state, aux, has_aux)
 
 
@@ -595,8 +610,7 @@ def _batched_step(tx, loc, f, has_aux, params, opt_state, batch):
   values, aux = jax.vmap(lambda p: f(p, *batch))(perturbed)
   zero = f.zeros(params, *batch)
   l0, aux0 = jax.lax.cond(loc.state.hyper["center"], lambda: f(params, *batch), lambda: zero)
-  params, opt_state = _final_update(tx, params, opt_state, (l0, values, prepared),
-                                    loc.method)
+  params, opt_state = _final_update(tx, params, opt_state, (l0, values, prepared), loc)
   if has_aux:
     aux = _mean_aux(jax.tree.map(lambda a, s: jnp.concatenate([a[None], s]), aux0, aux))
   return _outputs(params, opt_state, aux, has_aux)

@@ -20,6 +20,10 @@ Extra arguments of ``update`` (all keyword-only):
   composition; the call then records its method and view of the params and returns the
   state unchanged but for the options in effect (``hyper``), which every wrapper passes
   through.
+* ``zo_leaves``: flat indices of the leaves (of this transform's view of the params) whose
+  estimate the caller uses; the others may come back as zeros (``Method.estimate_some``).
+  The lean engine passes it when it orders the leaves of a method whose products are
+  matmuls (``Method.serial_products``).
 """
 
 from __future__ import annotations
@@ -175,7 +179,7 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
     )
 
   def update_fn(updates, state, params=None, *, value_fn=None, key=None, zo_losses=None,
-                value_params=None, zo_probe=None, **extra_args):
+                value_params=None, zo_probe=None, zo_leaves=None, **extra_args):
     del updates, extra_args  # ZO transforms measure the loss themselves.
     if not is_zo_state(state):
       raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}")
@@ -205,7 +209,11 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
     else:
       measured = m.Measured(jnp.asarray(zo_losses[0], dtype),
                             jnp.asarray(zo_losses[1], dtype).reshape(num_measured))
-    g, method_state, stats = method.estimate(noise, state.method, in_effect, leaves, measured)
+    if zo_leaves is None:
+      g, method_state, stats = method.estimate(noise, state.method, in_effect, leaves, measured)
+    else:  # the lean engine's call for one group of leaves (Method.serial_products)
+      g, method_state, stats = method.estimate_some(noise, state.method, in_effect, leaves,
+                                                    measured, frozenset(zo_leaves))
     g = treedef.unflatten([a.astype(jnp.result_type(p))
                            for a, p in zip(g, leaves, strict=True)])
     passes_now = (num_measured * method.cost_per_measure

@@ -112,6 +112,9 @@ class ZOMuon(m.Method):
     return lr.outer(proj, lr.leaf_factor(words, i, leaf, self._shapes(leaf)[1]))
 
   def estimate(self, noise, state, hyper, params, measured):
+    return self.estimate_some(noise, state, hyper, params, measured, None)
+
+  def estimate_some(self, noise, state, hyper, params, measured, only):
     dtype = measured.values.dtype
     l0 = jnp.asarray(measured.center, dtype)
     mu = hyper["mu"].astype(dtype)
@@ -121,6 +124,10 @@ class ZOMuon(m.Method):
     coefs = jax.lax.optimization_barrier(coefs)
     g, new_p = [], []
     for i, x in enumerate(params):
+      if only is not None and i not in only:  # the state stays complete; the estimate not
+        new_p.append(self._projector(noise, state, hyper, i, x) if lr.is_matrix(x) else None)
+        g.append(m.noise_zeros([x])[0])
+        continue
       if lr.is_matrix(x):
         proj = self._projector(noise, state, hyper, i, x)
         new_p.append(proj)
