@@ -186,7 +186,7 @@ class _Located:
     for i, leaf in enumerate(leaves):
       state_i = method_state
       if zero is not None:
-        state_i = jax.tree.map(lambda a, z=zero: a + z.astype(a.dtype), method_state)
+        state_i = _tie_leaf_state(method_state, i, len(leaves), zero)
       for w, step in zip(words, steps, strict=True):
         d = method.direction_leaf(noise, state_i, st.hyper, w, i, leaf)
         leaf, = transform.moved([leaf], [step.astype(d.dtype) * d])
@@ -392,6 +392,20 @@ def _serial_update(tx, params, opt_state, losses, params_new, new_state, loc):
     for i in group:
       out[position[i]] = later[position[i]]
   return treedef.unflatten(out), state
+
+
+def _tie_leaf_state(state, i, n, zero):
+  """``state`` plus ``zero`` where leaf ``i``'s directions read it: of a NamedTuple state
+  whose fields are tuples with one entry per leaf (the low-rank methods'), entry ``i`` of
+  each such field and the other fields whole; of any other state, all of it. (Tying every
+  entry for every leaf would trace n² additions.)"""
+  tie = lambda tree: jax.tree.map(lambda a: a + zero.astype(a.dtype), tree)
+  if not (isinstance(state, tuple) and hasattr(state, "_fields")):
+    return tie(state)
+  return state._replace(**{
+      f: (tuple(tie(x) if k == i else x for k, x in enumerate(v))
+          if isinstance(v, tuple) and len(v) == n else tie(v))
+      for f, v in zip(state._fields, state, strict=True)})
 
 
 def _tied_method_states(opt_state, zero):
