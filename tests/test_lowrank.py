@@ -385,6 +385,13 @@ COMPOSITIONS = {
         resample_every=2),
     "lozo_m_r32": lambda: hz.lozo(1e-2, rank=32, momentum=0.9, resample_every=2),
     "subzero_r32": lambda: hz.subzero(1e-2, rank=32, num_directions=2, resample_every=2),
+    # a transform that reads every leaf's estimate (the global norm): the engine keeps
+    # one update call (its check that the chain treats each leaf alone fails)
+    "zo_muon_r32_clipped": lambda: optax.chain(
+        hz.scale_by_zo_muon(rank=32, num_directions=2, resample_every=2),
+        optax.clip_by_global_norm(1.0), optax.scale(-1e-2)),
+    "zo_muon_r32_apply_if_finite": lambda: optax.apply_if_finite(
+        hz.zo_muon(1e-2, rank=32, num_directions=2, resample_every=2), 3),
     "zo_muon_r32_then_adam": lambda: optax.chain(
         hz.scale_by_zo_muon(rank=32, num_directions=2, resample_every=2), optax.adam(1e-2)),
 }

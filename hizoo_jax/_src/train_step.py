@@ -62,6 +62,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import optax
 
@@ -369,15 +370,14 @@ def _serial_update(tx, params, opt_state, losses, params_new, new_state, loc):
   leaves. The first call is the full ``update`` (its first group, and every leaf outside
   the ZO transform). The new state comes from the last call: its reads of the method's
   state (e.g. ZO-Muon's projectors) come after every other call's, so the state is written
-  in place, with no copy kept for the readers. This holds where no params-sized state
-  other than the ZO transform's own is fed by the updates (a chain with Adam's moments
-  would form every product again for them): there the single ``update`` is kept."""
-  zo_ids = {id(x) for s in _zo_states(new_state) for x in jax.tree.leaves(s)}
-  other = sum(x.size for x in jax.tree.leaves(new_state) if id(x) not in zo_ids)
+  in place, with no copy kept for the readers. This holds where the rest of the chain
+  treats each leaf alone and keeps no state of the updates (:func:`_leafwise`, read from
+  the jaxpr); elsewhere (Adam's moments, a global-norm clip) the single ``update`` is
+  kept, with every product formed before any is applied."""
   leaves, treedef = jax.tree.flatten(params_new)
   position = loc.leaf_positions(params)  # ZO leaf i is leaves[position[i]]
   groups = _serial_groups([leaves[k] for k in position])
-  if other >= 0.01 * sum(x.size for x in leaves) or len(groups) < 2:
+  if len(groups) < 2 or not _leafwise(tx, params, opt_state, losses, position, groups[1]):
     return params_new, new_state
   out = list(leaves)
   l0, values, *rest = losses
@@ -392,6 +392,34 @@ def _serial_update(tx, params, opt_state, losses, params_new, new_state, loc):
     for i in group:
       out[position[i]] = later[position[i]]
   return treedef.unflatten(out), state
+
+
+def _leafwise(tx, params, opt_state, losses, position, group) -> bool:
+  """Whether the updates of ``group``'s leaves depend on the ZO estimate of those leaves
+  alone, and the new state on no estimate, read from the jaxpr of ``tx.update`` with the
+  other leaves' estimates as inputs. A transform after the estimate that reduces over
+  every leaf (``clip_by_global_norm``, ``apply_if_finite``) or keeps a state of the updates
+  (Adam's moments) fails it, as does anything the walk cannot see into (a nested call
+  counts as depending on all of its inputs)."""
+  group = set(group)
+  full = jax.tree.leaves(params)
+  outside = [jnp.zeros(jnp.shape(full[k]), sampling.noise_dtype(jnp.result_type(full[k])))
+             for i, k in enumerate(position) if i not in group]
+
+  def updates_of_group(outside):
+    updates, state = tx.update(_zeros_like(params), opt_state, params, zo_losses=losses,
+                               value_params=params, zo_leaves=tuple(sorted(group)),
+                               zo_outside=outside)
+    ups = jax.tree.leaves(updates)
+    return [ups[position[i]] for i in sorted(group)], jax.tree.leaves(state)
+
+  jaxpr = jax.make_jaxpr(updates_of_group)(outside).jaxpr
+  tainted = set(jaxpr.invars)
+  for eqn in jaxpr.eqns:
+    if any(not isinstance(v, jax.extend.core.Literal) and v in tainted for v in eqn.invars):
+      tainted.update(eqn.outvars)
+  return not any(not isinstance(v, jax.extend.core.Literal) and v in tainted
+                 for v in jaxpr.outvars)
 
 
 def _tie_leaf_state(state, i, n, zero):

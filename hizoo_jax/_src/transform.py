@@ -23,7 +23,8 @@ Extra arguments of ``update`` (all keyword-only):
 * ``zo_leaves``: flat indices of the leaves (of this transform's view of the params) whose
   estimate the caller uses; the others may come back as zeros (``Method.estimate_some``).
   The lean engine passes it when it orders the leaves of a method whose products are
-  matmuls (``Method.serial_products``).
+  matmuls (``Method.serial_products``), and, to check that the rest of the chain treats
+  each leaf alone, ``zo_outside``: the values to use for the other leaves.
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
     )
 
   def update_fn(updates, state, params=None, *, value_fn=None, key=None, zo_losses=None,
-                value_params=None, zo_probe=None, zo_leaves=None, **extra_args):
+                value_params=None, zo_probe=None, zo_leaves=None, zo_outside=None,
+                **extra_args):
     del updates, extra_args  # ZO transforms measure the loss themselves.
     if not is_zo_state(state):
       raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}")
@@ -214,6 +216,9 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
     else:  # the lean engine's call for one group of leaves (Method.serial_products)
       g, method_state, stats = method.estimate_some(noise, state.method, in_effect, leaves,
                                                     measured, frozenset(zo_leaves))
+      if zo_outside is not None:  # the engine's check that the chain is leafwise
+        rest = iter(zo_outside)
+        g = [a if i in zo_leaves else next(rest) for i, a in enumerate(g)]
     g = treedef.unflatten([a.astype(jnp.result_type(p))
                            for a, p in zip(g, leaves, strict=True)])
     passes_now = (num_measured * method.cost_per_measure
