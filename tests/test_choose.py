@@ -147,6 +147,12 @@ def test_report_versus_baseline(tmp_path, monkeypatch):
   text = report.versus("t_hiz", "t_base", res, extra_seeds=(1, 2))
   rows = [line for line in text.splitlines() if line.startswith("| ")]
   assert "| 1.00, 1.00 | 1.00, 1.00 |" in rows[1] and "," not in rows[2]  # hizoo: seed 0
+  # to a fixed loss the start already reaches: every run at 0 passes (no ratio), and the
+  # baseline row is still the one the selection picked
+  text = report.versus("t_hiz", "t_base", res, target=1e9)
+  rows = [line for line in text.splitlines() if line.startswith("| ")]
+  assert "fastest to that loss" in text and rows[1].startswith("| mezo constant (baseline) |")
+  assert "| — | — |" in rows[1]
 
 
 def test_interpolated_crossing():

@@ -159,19 +159,44 @@ def compare_schedules(grid: run.Grid, bests: dict, results: str):
   return "\n".join(lines)
 
 
+def _mean_hit(runs, target: float) -> float:
+  """Mean over runs of the interpolated forward passes to reach ``target`` (a run that
+  never does: infinite)."""
+  hits = [fp_to_reach_interpolated(r, target) if r is not None else None for r in runs]
+  return float(np.mean([math.inf if h is None else h for h in hits]))
+
+
+def select_to_target(grid: run.Grid, schedule: str, exps, results: str, target: float):
+  """The exponent whose runs reach ``target`` in the fewest forward passes on average over
+  the grid's seeds; None while a run is missing or where none reaches it."""
+  means = {}
+  for e in exps:
+    runs = [run.load(grid.config(e, schedule, s), results) for s in grid.seeds]
+    if any(r is None for r in runs):
+      return None
+    means[e] = _mean_hit(runs, target)
+  best = min(means, key=lambda e: (means[e], e)) if means else None
+  return None if best is None or math.isinf(means[best]) else best
+
+
 def selected_runs(name: str, results: str, task: str | None = None,
-                  extra_seeds: tuple = ()) -> list:
+                  extra_seeds: tuple = (), target: float | None = None) -> list:
   """``[(label, lr, {seed: result})]``: every grid x schedule of table ``name`` (on ``task``,
   if given) at its selected learning rate, each HiZOO grid followed by its step-size control;
   grids whose selection is pending are left out. ``extra_seeds``: seeds outside the grid's
   (run by another table at the selected rate, e.g. ``sst2_short_seeds``) whose results are
-  added where they exist; the selection itself uses the grid's seeds only."""
+  added where they exist; the selection itself uses the grid's seeds only. ``target``:
+  select the learning rate that reaches this training loss in the fewest forward passes
+  (:func:`select_to_target`; the validation loss where none reaches it)."""
   rows = []
   for grid in run.TABLES[name]:
     if task is not None and grid.task != task:
       continue
     for sch in grid.schedules:
-      best, _ = run.select(grid, sch, grid_exponents(grid, sch, results), results)
+      exps = grid_exponents(grid, sch, results)
+      best, _ = run.select(grid, sch, exps, results)
+      if target is not None and best is not None:
+        best = select_to_target(grid, sch, exps, results, target) or best
       if best is None:
         continue
       label = f"{grid.method}{grid.tag} {sch}"
@@ -221,18 +246,22 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
   tasks_ = sorted({g.task for g in run.TABLES[name]})
   out = []
   for task in tasks_:
-    base_rows = selected_runs(baseline, results, task, extra_seeds)
+    base_rows = selected_runs(baseline, results, task, extra_seeds, target)
     if not base_rows:
       out.append(f"{task}: the baseline table {baseline} has no selection yet.")
       continue
-    b_label, b_lr, b_runs = min(
-        base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
+    if target is None:
+      b_label, b_lr, b_runs = min(
+          base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
+    else:  # the fastest to the target
+      b_label, b_lr, b_runs = min(base_rows, key=lambda r: _mean_hit(r[2].values(), target))
     what = ("the baseline's final training loss of the same seed over the baseline's "
             "forward passes (\"never\": not within the budget; \"start\": the start "
             "already reaches it, the baseline ended no lower than it began)"
             if target is None else
             f"training loss {target:g} over the baseline's forward passes to reach it, same "
-            "seed (\"never\": not within the budget)")
+            "seed (\"never\": not within the budget); each grid's learning rate, and the "
+            "baseline, selected as the fastest to that loss (mean over seeds)")
     lines = [f"**{task}**: against the tuned baseline {b_label} at lr {b_lr:.3g} "
              f"({baseline}). Ratio: forward passes to reach {what}, at the first evaluation "
              "that reaches it and interpolated linearly between the two evaluations around "
@@ -241,7 +270,7 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
              "interpolated | state bytes | s / forward pass |",
              "|---|---|---|---|---|---|---|---|---|"]
     for label, lr, rs in [(f"{b_label} (baseline)", b_lr, b_runs),
-                          *selected_runs(name, results, task, extra_seeds)]:
+                          *selected_runs(name, results, task, extra_seeds, target)]:
       ratios, interp = [], []
       for s, r in sorted(rs.items()):
         b = b_runs.get(s)
