@@ -244,6 +244,12 @@ TABLES.update({
                                       (0,), 4_000, 1_000, MEZO_MU, refine=False)],
     "sst2_short_mezo_linear": [Grid("sst2_ft_full", "mezo", (-20, -18, -22), ("linear",),
                                     (0,), 4_000, 1_000, MEZO_MU, refine=False)],
+    # HiZOO on the test functions at its preset's mu (1e-2; the grids above use MeZO's 1e-3,
+    # at which f_c's y-curvature, 2 mu^2 = 2e-6, is below float32's resolution of f).
+    "testfn_hizoo_mu": [
+        Grid(f, "hizoo", tuple(range(-16, -1, 2)), ("constant",), (0, 1, 2), 6_000, 300,
+             (("hessian_smoothing", "0.5/d"), ("mu", 1e-2)), "_a0.5d_mu0.01", control=True)
+        for f in ("fa", "fb", "fc")],
     # The paper's test functions for the other methods: HiZOO at its three alphas (with the
     # step-size control), FZOO with 8 probes; constant and the schedules MeZO has.
     "testfn_methods": [
