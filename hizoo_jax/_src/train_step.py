@@ -422,12 +422,17 @@ def _leafwise(tx, params, opt_state, losses, position, group) -> bool:
                  for v in jaxpr.outvars)
 
 
+def _plus(tree, zero):
+  """``tree`` plus the exact zero ``zero``: the same values, computed after it."""
+  return jax.tree.map(lambda a: a + zero.astype(a.dtype), tree)
+
+
 def _tie_leaf_state(state, i, n, zero):
   """``state`` plus ``zero`` where leaf ``i``'s directions read it: of a NamedTuple state
   whose fields are tuples with one entry per leaf (the low-rank methods'), entry ``i`` of
   each such field and the other fields whole; of any other state, all of it. (Tying every
   entry for every leaf would trace n² additions.)"""
-  tie = lambda tree: jax.tree.map(lambda a: a + zero.astype(a.dtype), tree)
+  tie = lambda tree: _plus(tree, zero)
   if not (isinstance(state, tuple) and hasattr(state, "_fields")):
     return tie(state)
   return state._replace(**{
@@ -439,9 +444,8 @@ def _tie_leaf_state(state, i, n, zero):
 def _tied_method_states(opt_state, zero):
   """``opt_state`` with each ZO state's method state plus ``zero`` (the same values,
   computed after whatever ``zero`` depends on)."""
-  tie = lambda tree: jax.tree.map(lambda a: a + zero.astype(a.dtype), tree)
   return jax.tree.map(
-      lambda a: a._replace(method=tie(a.method)) if transform.is_zo_state(a) else a,
+      lambda a: a._replace(method=_plus(a.method, zero)) if transform.is_zo_state(a) else a,
       opt_state, is_leaf=transform.is_zo_state)
 
 
