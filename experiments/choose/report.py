@@ -196,7 +196,8 @@ def selected_runs(name: str, results: str, task: str | None = None,
       exps = grid_exponents(grid, sch, results)
       best, _ = run.select(grid, sch, exps, results)
       if target is not None and best is not None:
-        best = select_to_target(grid, sch, exps, results, target) or best
+        fastest = select_to_target(grid, sch, exps, results, target)
+        best = best if fastest is None else fastest
       if best is None:
         continue
       label = f"{grid.method}{grid.tag} {sch}"

@@ -176,7 +176,7 @@ class Method:
   # leaf's product formed after the previous leaf is written, in its passes and in its
   # update. It needs the default :meth:`displacement` (directions from
   # :meth:`direction_leaf`, each depending on the method's state) and a new state that no
-  # product feeds (see train_step).
+  # product feeds; the engine checks the rest of the chain itself (train_step._leafwise).
   serial_products: ClassVar[bool] = False
   sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
   key_impl: str = "threefry2x32"
@@ -260,7 +260,6 @@ class Method:
     ``"skipped"`` (probes dropped because a value was not finite) and ``"projected"``
     (the mean directional-derivative estimate of the valid probes)."""
     raise NotImplementedError
-
 
   def estimate_some(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array],
                     params: list, measured: Measured, only: frozenset
