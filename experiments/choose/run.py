@@ -244,6 +244,17 @@ TABLES.update({
                                       (0,), 4_000, 1_000, MEZO_MU, refine=False)],
     "sst2_short_mezo_linear": [Grid("sst2_ft_full", "mezo", (-20, -18, -22), ("linear",),
                                     (0,), 4_000, 1_000, MEZO_MU, refine=False)],
+    # The selected baseline (MeZO, constant, 1e-5: the best schedule at this budget) at seeds
+    # 1 and 2: with seed 0 from sst2_short_mezo_constant, three paired seeds.
+    "sst2_short_constant_seeds": [Grid("sst2_ft_full", "mezo", (-20,), ("constant",), (1, 2),
+                                       4_000, 1_000, MEZO_MU, widen=False, refine=False)],
+    # FZOO (8 probes) with the baseline's selected schedule, constant: like for like with it.
+    # Constant's average step is twice cosine's at the same peak, so the grid starts half a
+    # decade below cosine's best (10^-3.25) and is widened until interior.
+    "sst2_short_fzoo_constant": [Grid("sst2_ft_full", "fzoo", (-15, -17, -13), ("constant",),
+                                      (0,), 4_000, 1_000,
+                                      (("mu", 1e-3), ("num_directions", 8)), "_n8",
+                                      refine=False)],
     # HiZOO on the test functions at its preset's mu (1e-2; the grids above use MeZO's 1e-3,
     # at which f_c's y-curvature, 2 mu^2 = 2e-6, is below float32's resolution of f).
     "testfn_hizoo_mu": [
