@@ -1,4 +1,5 @@
-"""First-call time (trace + compile + run) against the number of leaves, for a chain model.
+"""First-call time against the number of leaves, for a chain model: trace + lower (Python:
+the library's and JAX's) and XLA's compile, measured apart.
 
 A model of ``L`` layers ``h = tanh(h @ w + b)`` with 16 x 16 weights has ``2 L`` leaves
 (the many-small-leaves case: per-head LoRA, MoE experts). Each row is a fresh process
@@ -47,13 +48,20 @@ def child(layers: int, method: str) -> dict:
       u, s = opt.update(g, s, p)
       return optax.apply_updates(p, u), s, value
 
-    out = step(params, opt.init(params), x, y)
+    args = (params, opt.init(params), x, y)
   else:
     tx = getattr(hz, method)(1e-3)
-    out = hz.make_train_step(tx, loss)(params, tx.init(params), x, y)
-  jax.block_until_ready(out)
+    step = hz.make_train_step(tx, loss)
+    args = (params, tx.init(params), x, y)
+  lowered = step.lower(*args)  # trace + lower: the library's Python and JAX's
+  t_lower = time.perf_counter()
+  compiled = lowered.compile()  # XLA
+  t_compile = time.perf_counter()
+  jax.block_until_ready(compiled(*args))
+  t_run = time.perf_counter()
   return dict(layers=layers, leaves=2 * layers, method=method,
-              seconds=time.perf_counter() - t)
+              seconds=t_run - t, lower=t_lower - t, compile=t_compile - t_lower,
+              run=t_run - t_compile)
 
 
 def main() -> None:
@@ -70,13 +78,17 @@ def main() -> None:
   from common import machine, run_child, write_json
 
   rows = []
-  print("| leaves | " + " | ".join(f"{m} s" for m in args.methods) + " | " +
-        " | ".join(f"{m} / adam" for m in args.methods if m != "adam") + " |")
+  zo = [m for m in args.methods if m != "adam"]
+  print("| leaves | " + " | ".join(f"{m}: lower / compile s" for m in args.methods) + " | " +
+        " | ".join(f"{m} / adam: compile" for m in zo) + " |")
   for n in args.layers:
-    r = {m: run_child(__file__, "--child", str(n), m)["seconds"] for m in args.methods}
-    rows.append(dict(leaves=2 * n, seconds=r))
-    ratios = [f"{r[m] / r['adam']:.2f}" for m in args.methods if m != "adam" and "adam" in r]
-    print(f"| {2 * n} | " + " | ".join(f"{r[m]:.1f}" for m in args.methods) + " | " +
+    r = {m: run_child(__file__, "--child", str(n), m) for m in args.methods}
+    rows.append(dict(leaves=2 * n, seconds={m: v["seconds"] for m, v in r.items()},
+                     lower={m: v["lower"] for m, v in r.items()},
+                     compile={m: v["compile"] for m, v in r.items()}))
+    ratios = [f"{r[m]['compile'] / r['adam']['compile']:.2f}" for m in zo if "adam" in r]
+    print(f"| {2 * n} | " + " | ".join(f"{r[m]['lower']:.1f} / {r[m]['compile']:.1f}"
+                                      for m in args.methods) + " | " +
           " | ".join(ratios) + " |", flush=True)
   write_json(args.out, dict(machine=machine(), rows=rows))
   print(f"wrote {args.out}")
