@@ -251,7 +251,7 @@ TABLES.update({
     # FZOO (8 probes) with the baseline's selected schedule, constant: like for like with it.
     # Constant's average step is twice cosine's at the same peak, so the grid starts half a
     # decade below cosine's best (10^-3.25) and is widened until interior.
-    "sst2_short_fzoo_constant": [Grid("sst2_ft_full", "fzoo", (-15, -17, -13), ("constant",),
+    "sst2_short_fzoo_constant": [Grid("sst2_ft_full", "fzoo", (-15, -13, -17), ("constant",),
                                       (0,), 4_000, 1_000,
                                       (("mu", 1e-3), ("num_directions", 8)), "_n8",
                                       refine=False)],
