@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -191,7 +193,6 @@ def test_blocked_factored_update_equals_the_whole_leaf_update(monkeypatch, estim
 def _distinct_kernels(compiled_text: str) -> int:
   """The number of distinct fused computations of a compiled program (names and metadata
   stripped): XLA compiles one machine-code kernel per distinct one and reuses it."""
-  import re
   bodies, body = set(), None
   for line in compiled_text.splitlines():
     if line.startswith(("%fused", "%wrapped")):
@@ -228,4 +229,6 @@ def test_the_step_compiles_one_kernel_per_leaf_shape_not_per_leaf(make):
     return _distinct_kernels(step.lower(params, tx.init(params), jnp.ones((8, 16)))
                              .compile().as_text())
 
-  assert count(4) == count(12)
+  few = count(4)
+  assert few > 0, "no fused computations found: has XLA's text format changed?"
+  assert count(12) == few
