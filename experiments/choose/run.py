@@ -65,6 +65,9 @@ class Grid:
   refine: bool = True
   max_points: int = 14
   control: bool = False  # HiZOO grids: then MeZO with lr / mean H(t) of the selected runs
+  # Seeds run only at the selected rate, after the grid is closed on ``seeds``: the paired
+  # seeds of a table whose rate is tuned on one seed, in one command.
+  confirm_seeds: tuple = ()
 
   def config(self, e: int, schedule: str, seed: int) -> harness.RunConfig:
     return harness.make_config(self.task, self.method, lr_of(e), schedule=schedule,
@@ -261,6 +264,18 @@ TABLES.update({
                                             (1, 2), 4_000, 1_000,
                                             (("mu", 1e-3), ("num_directions", 8)), "_n8",
                                             widen=False, refine=False)],
+    # LoRA (rank 8 on query/value, the probe-fitted head trained too: 74,498 parameters) at
+    # the short budget: MeZO and FZOO (8 probes), constant, the rate tuned on seed 0 (widened
+    # until interior), then seeds 1 and 2 at the selected rate. Grid centres from matching
+    # the step norm of the FT runs at their best rates (MeZO ~lr |g| sqrt(d): 0.28; FZOO
+    # ~lr sqrt(d / 8): 0.94) with LoRA's measured minibatch gradient norm (1.24, FT 5.8) and
+    # d: MeZO ~8e-4, FZOO ~1e-2, so half a decade below each.
+    "sst2_short_lora_mezo": [Grid("sst2_lora_full", "mezo", (-13, -11, -15), ("constant",),
+                                  (0,), 4_000, 1_000, MEZO_MU, refine=False,
+                                  confirm_seeds=(1, 2))],
+    "sst2_short_lora_fzoo": [Grid("sst2_lora_full", "fzoo", (-9, -7, -11), ("constant",),
+                                  (0,), 4_000, 1_000, (("mu", 1e-3), ("num_directions", 8)),
+                                  "_n8", refine=False, confirm_seeds=(1, 2))],
     # HiZOO on the test functions at its preset's mu (1e-2; the grids above use MeZO's 1e-3,
     # at which f_c's y-curvature, 2 mu^2 = 2e-6, is below float32's resolution of f).
     "testfn_hizoo_mu": [
@@ -395,6 +410,10 @@ def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness
         exps += [e for e in (best - 1, best + 1) if e not in exps]
       else:
         break
+    if best is not None:
+      for s in grid.confirm_seeds:
+        if s not in grid.seeds:
+          execute(grid.config(best, schedule, s), results=results, ckpts=ckpts)
     if grid.control and best is not None:
       for s in grid.seeds:
         if load(grid.config(best, schedule, s), results) is not None:
