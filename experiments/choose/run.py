@@ -269,7 +269,7 @@ TABLES.update({
     # until interior), then seeds 1 and 2 at the selected rate. Grid centres from matching
     # the step norm of the FT runs at their best rates (MeZO ~lr |g| sqrt(d): 0.28; FZOO
     # ~lr sqrt(d / 8): 0.94) with LoRA's measured minibatch gradient norm (1.24, FT 5.8) and
-    # d: MeZO ~8e-4, FZOO ~1e-2, so half a decade below each.
+    # d: MeZO ~8e-4, FZOO ~1e-2; the grids start just below each (5.62e-4, 5.62e-3).
     "sst2_short_lora_mezo": [Grid("sst2_lora_full", "mezo", (-13, -11, -15), ("constant",),
                                   (0,), 4_000, 1_000, MEZO_MU, refine=False,
                                   confirm_seeds=(1, 2))],
