@@ -97,6 +97,21 @@ def test_queue_skips_done_and_widens(tmp_path, capsys):
   assert run.lr_of(-16) == 10 ** (-8 / 2)  # the same float as a half-decade exponent
 
 
+def test_confirm_seeds_run_only_at_the_selected_rate(tmp_path):
+  res, ck = str(tmp_path / "r"), str(tmp_path / "c")
+  grid = run.Grid("fa", "mezo", (-12, -8, -4), ("constant",), (0,), 20, 10, widen=False,
+                  refine=False, confirm_seeds=(1, 2))
+  run.run_grid(grid, results=res, ckpts=ck)
+  best, means = run.select(grid, "constant", grid.exponents, res)
+  assert best is not None and len(means) == 3
+  for e in grid.exponents:
+    for s in (1, 2):
+      done = run.load(grid.config(e, "constant", s), res) is not None
+      assert done == (e == best), (e, s)
+  # the confirming seeds are not part of the selection (seed 0 alone chose the rate)
+  assert run.select(grid, "constant", grid.exponents, res) == (best, means)
+
+
 def test_lock_is_exclusive(tmp_path):
   path = str(tmp_path / "x.json")
   lock = run.claim(path)
