@@ -97,7 +97,7 @@ def test_queue_skips_done_and_widens(tmp_path, capsys):
   assert run.lr_of(-16) == 10 ** (-8 / 2)  # the same float as a half-decade exponent
 
 
-def test_confirm_seeds_run_only_at_the_selected_rate(tmp_path):
+def test_confirm_seeds_run_only_at_the_selected_rate(tmp_path, monkeypatch):
   res, ck = str(tmp_path / "r"), str(tmp_path / "c")
   grid = run.Grid("fa", "mezo", (-12, -8, -4), ("constant",), (0,), 20, 10, widen=False,
                   refine=False, confirm_seeds=(1, 2))
@@ -110,6 +110,12 @@ def test_confirm_seeds_run_only_at_the_selected_rate(tmp_path):
       assert done == (e == best), (e, s)
   # the confirming seeds are not part of the selection (seed 0 alone chose the rate)
   assert run.select(grid, "constant", grid.exponents, res) == (best, means)
+  # and the report pairs them without being told
+  from experiments.choose import report
+
+  monkeypatch.setitem(run.TABLES, "t_confirm", [grid])
+  ((_, lr, runs),) = report.selected_runs("t_confirm", res)
+  assert lr == run.lr_of(best) and sorted(runs) == [0, 1, 2]
 
 
 def test_lock_is_exclusive(tmp_path):

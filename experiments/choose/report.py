@@ -185,7 +185,8 @@ def selected_runs(name: str, results: str, task: str | None = None,
   if given) at its selected learning rate, each HiZOO grid followed by its step-size control;
   grids whose selection is pending are left out. ``extra_seeds``: seeds outside the grid's
   (run by another table at the selected rate, e.g. ``sst2_short_seeds``) whose results are
-  added where they exist; the selection itself uses the grid's seeds only. ``target``:
+  added where they exist, as are the grid's own ``confirm_seeds``; the selection itself
+  uses the grid's seeds only. ``target``:
   select the learning rate that reaches this training loss in the fewest forward passes
   (:func:`select_to_target`; the validation loss where none reaches it)."""
   rows = []
@@ -202,7 +203,7 @@ def selected_runs(name: str, results: str, task: str | None = None,
         continue
       label = f"{grid.method}{grid.tag} {sch}"
       runs = {s: run.load(grid.config(best, sch, s), results) for s in grid.seeds}
-      for s in extra_seeds:
+      for s in (*grid.confirm_seeds, *extra_seeds):
         if s not in runs and (r := run.load(grid.config(best, sch, s), results)) is not None:
           runs[s] = r
       rows.append((label, run.lr_of(best), runs))
