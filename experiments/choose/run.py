@@ -276,6 +276,16 @@ TABLES.update({
     "sst2_short_lora_fzoo": [Grid("sst2_lora_full", "fzoo", (-9, -7, -11), ("constant",),
                                   (0,), 4_000, 1_000, (("mu", 1e-3), ("num_directions", 8)),
                                   "_n8", refine=False, confirm_seeds=(1, 2))],
+    # The paper's protocol, k = 512 per class (1,024 training sentences drawn by seed, 128 a
+    # class held out for validation), full fine-tuning at the short budget: MeZO and FZOO,
+    # constant, the grids of the full-data runs (their best rates in the middle), seeds 1
+    # and 2 (their own draws of the k-shot split) at the selected rate.
+    "sst2_short_k512_mezo": [Grid("sst2_ft_k512", "mezo", (-20, -18, -22), ("constant",),
+                                  (0,), 4_000, 1_000, MEZO_MU, refine=False,
+                                  confirm_seeds=(1, 2))],
+    "sst2_short_k512_fzoo": [Grid("sst2_ft_k512", "fzoo", (-13, -11, -15), ("constant",),
+                                  (0,), 4_000, 1_000, (("mu", 1e-3), ("num_directions", 8)),
+                                  "_n8", refine=False, confirm_seeds=(1, 2))],
     # HiZOO on the test functions at its preset's mu (1e-2; the grids above use MeZO's 1e-3,
     # at which f_c's y-curvature, 2 mu^2 = 2e-6, is below float32's resolution of f).
     "testfn_hizoo_mu": [
