@@ -276,6 +276,12 @@ TABLES.update({
     "sst2_short_lora_fzoo": [Grid("sst2_lora_full", "fzoo", (-9, -7, -11), ("constant",),
                                   (0,), 4_000, 1_000, (("mu", 1e-3), ("num_directions", 8)),
                                   "_n8", refine=False, confirm_seeds=(1, 2))],
+    # The LoRA baseline's schedule: MeZO with cosine decay to 0 (seed 0). At constant rates
+    # the rate that goes furthest early (5.62e-4) turns back up after 3,000 passes, which is
+    # what a decay is for. Two queues can split it (the grid's runs are claimed one by one).
+    "sst2_short_lora_mezo_cosine": [Grid("sst2_lora_full", "mezo", (-13, -11, -15),
+                                         ("cosine",), (0,), 4_000, 1_000, MEZO_MU,
+                                         refine=False)],
     # The paper's protocol, k = 512 per class (1,024 training sentences drawn by seed, 128 a
     # class held out for validation), full fine-tuning at the short budget: MeZO and FZOO,
     # constant, the grids of the full-data runs (their best rates in the middle), seeds 1
