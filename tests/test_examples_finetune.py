@@ -45,8 +45,8 @@ def check_outputs(out_dir, optimizers):
 
 @requires_minilm
 def test_finetune_minilm_runs_the_new_methods_by_name(tmp_path):
-  """FZOO and LOZO by their hz names (the methods of 0.4 have no measured default lr for
-  MiniLM: outside --smoke the example asks for --lr)."""
+  """FZOO and LOZO by their hz names (on the synthetic set the methods of 0.4 have no
+  measured default lr: outside --smoke the example asks for --lr)."""
   out = run_example("finetune_minilm.py", "--mode", "lora", "--optimizer", "fzoo,lozo",
                     "--lr", "1e-3", "--out", str(tmp_path))
   assert "| fzoo |" in out and "| lozo |" in out
@@ -271,3 +271,16 @@ def test_finetune_minilm_data_defaults_to_mezo_on_all_of_train(tmp_path):
   res = check_outputs(str(tmp_path), ["mezo"])
   (run,) = res["runs"]["mezo"]
   assert run["lr"] == 5e-4 and "val_accuracy" in run["probe"]
+
+
+@requires_minilm
+@pytest.mark.skipif(not os.path.isfile(os.path.join(SST2, "train.tsv")),
+                    reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
+def test_finetune_minilm_fzoo_takes_its_measured_sst2_rate(tmp_path):
+  """With --data, FZOO on LoRA needs no --lr: it takes the rate the forward-pass-matched
+  harness selected on SST-2 (SST2_LR)."""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--optimizer", "fzoo", "--out",
+                    str(tmp_path))
+  assert "fzoo seed 0: lr=0.00178" in out
+  (run,) = check_outputs(str(tmp_path), ["fzoo"])["runs"]["fzoo"]
+  assert run["lr"] == 1.78e-3
