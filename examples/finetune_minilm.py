@@ -475,14 +475,15 @@ def main(argv=None) -> None:
     print(table)
     return
   optimizers = parse_list(args.optimizer)
+  # default learning rates: the SST-2 measurements apply to real data only
+  rates = {**DEFAULT_LR, **SST2_LR} if args.data else DEFAULT_LR
   for name in optimizers:
     if name not in OPTIMIZERS:
       p.error(f"unknown optimizer {name!r}")
     if name == "adam" and args.objective != "ce":
       p.error("adam needs a differentiable objective (--objective ce)")
-    measured = {**DEFAULT_LR, **SST2_LR} if args.data else DEFAULT_LR
     if (name in NEW_METHODS and args.lr is None and not args.smoke
-        and (args.mode, name) not in measured):
+        and (args.mode, name) not in rates):
       where = "" if args.data else " on the synthetic set"
       p.error(f"{name} has no measured default learning rate for MiniLM {args.mode}{where}: "
               "pass --lr (measured on SST-2, --data: FZOO LoRA 1.78e-3, FT 5.62e-4; "
@@ -528,8 +529,7 @@ def main(argv=None) -> None:
   runs: dict[str, list[dict]] = {}
   objective = heads.objective(args.objective)
   for name in optimizers:
-    table = {**DEFAULT_LR, **SST2_LR} if args.data else DEFAULT_LR
-    lr = args.lr if args.lr is not None else table.get((args.mode, name), 1e-3)
+    lr = args.lr if args.lr is not None else rates.get((args.mode, name), 1e-3)
     mu = args.mu if args.mu is not None else DEFAULT_MU[args.mode]
     for seed in seeds:
       clf, tokenizer = build_classifier(args, seed)
