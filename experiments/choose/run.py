@@ -301,6 +301,26 @@ TABLES.update({
     "sst2_short_k512_mezo_cosine": [Grid("sst2_ft_k512", "mezo", (-20, -18, -22), ("cosine",),
                                          (0,), 4_000, 1_000, MEZO_MU, refine=False,
                                          confirm_seeds=(1, 2))],
+    # The curvature ceiling for LoRA at the short budget, as sst2_short_oracle for full
+    # fine-tuning: the LoRA baseline (cosine MeZO, seed 0, the same batches and noise)
+    # preconditioned by the autodiff Hessian diagonal of the LoRA factors and the head, per
+    # parameter and per tensor, measured at the start, floor 1. The grid starts at the
+    # baseline's rate (5.62e-4) and goes up (the oracle's steps are never longer).
+    "sst2_short_lora_oracle": [
+        Grid("sst2_lora_full", "oracle", (-13, -11, -9), ("cosine",), (0,), 4_000, 1_000,
+             (("mu", 1e-3), ("oracle", kind), ("refresh", 0), ("samples", 32), ("floor", 1.0)),
+             f"_{kind}_r0_f1", refine=False)
+        for kind in ("diag", "tensor")
+    ],
+    # The refreshed oracle on digits under the tuned baseline's schedule: as
+    # digits_oracle_sched, with H re-measured every 2,000 steps (20 times a run) at the
+    # current params, so that a curvature that changes along the run is followed.
+    "digits_oracle_refresh_sched": [
+        Grid("digits", "oracle", (-12, -10, -14, -8), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("mu", 1e-3), ("oracle", kind), ("refresh", 2_000), ("samples", 32),
+                     ("floor", 1.0)), f"_{kind}_r2000_f1")
+        for kind in ("diag", "tensor")
+    ],
     # HiZOO on the test functions at its preset's mu (1e-2; the grids above use MeZO's 1e-3,
     # at which f_c's y-curvature, 2 mu^2 = 2e-6, is below float32's resolution of f).
     "testfn_hizoo_mu": [
