@@ -162,7 +162,7 @@ TABLES.update({
     "digits_oracle": oracle_grids("digits", tuple(range(-16, -3, 2)), ("constant",),
                                   (0, 1, 2), 40_000, 2_000, refresh=2_000),
     # Its fixed rows only (the oracle measured once, at the start): the refreshed ones cost
-    # about 20 Hutchinson estimates a run; same run ids as in digits_oracle.
+    # 10 Hutchinson estimates a run; same run ids as in digits_oracle.
     "digits_oracle_fixed": [g for g in oracle_grids("digits", tuple(range(-16, -3, 2)),
                                                     ("constant",), (0, 1, 2), 40_000, 2_000,
                                                     refresh=2_000) if "_r0" in g.tag],
@@ -313,7 +313,7 @@ TABLES.update({
         for kind in ("diag", "tensor")
     ],
     # The refreshed oracle on digits under the tuned baseline's schedule: as
-    # digits_oracle_sched, with H re-measured every 2,000 steps (20 times a run) at the
+    # digits_oracle_sched, with H re-measured every 2,000 steps (10 times a run) at the
     # current params, so that a curvature that changes along the run is followed.
     "digits_oracle_refresh_sched": [
         Grid("digits", "oracle", (-12, -10, -14, -8), ("cosine_f0.3",), (0, 1, 2), 40_000,
