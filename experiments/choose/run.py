@@ -305,7 +305,8 @@ TABLES.update({
     # fine-tuning: the LoRA baseline (cosine MeZO, seed 0, the same batches and noise)
     # preconditioned by the autodiff Hessian diagonal of the LoRA factors and the head, per
     # parameter and per tensor, measured at the start, floor 1. The grid starts at the
-    # baseline's rate (5.62e-4) and goes up (the oracle's steps are never longer).
+    # baseline's rate (5.62e-4) and goes up (the oracle's steps are never longer); it is
+    # widened down where that rate is the best.
     "sst2_short_lora_oracle": [
         Grid("sst2_lora_full", "oracle", (-13, -11, -9), ("cosine",), (0,), 4_000, 1_000,
              (("mu", 1e-3), ("oracle", kind), ("refresh", 0), ("samples", 32), ("floor", 1.0)),
