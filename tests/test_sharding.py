@@ -1,4 +1,4 @@
-"""Runs tests/multidevice on 8 virtual CPU devices, in a subprocess (XLA_FLAGS must be
+"""Runs tests/multidevice/test_mesh.py on 8 virtual CPU devices, in a subprocess (XLA_FLAGS must be
 set before JAX is imported, and this process already imported it with one device)."""
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_multidevice_suite_on_8_virtual_devices():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
+  # tests/multidevice/test_lowrank_mesh.py runs from tests/test_lowrank.py, in a
+  # subprocess of its own (one run of each file, and the two can take both cores).
   out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "tests/multidevice"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=1500)
+                        "tests/multidevice/test_mesh.py"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1500)
   assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
   assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout[-2000:]
 
