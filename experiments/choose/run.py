@@ -236,6 +236,15 @@ TABLES.update({
              f"_{kind}_r0_f1", widen=False, refine=False)
         for kind in ("diag", "tensor")
     ],
+    # sst2_short_oracle at seeds 1 and 2 (the batches and noise of the baseline's seeds 1
+    # and 2, sst2_short_seeds and sst2_short_constant_seeds), at the rate both kinds
+    # selected at seed 0 (3.16e-5): the ceiling paired over the goal's three seeds.
+    "sst2_short_oracle_seeds": [
+        Grid("sst2_ft_full", "oracle", (-18,), ("cosine",), (1, 2), 4_000, 1_000,
+             (("mu", 1e-3), ("oracle", kind), ("refresh", 0), ("samples", 32), ("floor", 1.0)),
+             f"_{kind}_r0_f1", widen=False, refine=False)
+        for kind in ("tensor", "diag")
+    ],
     # The paper's test functions: float32, one seed per noise draw, 3 seeds.
     "testfn_mezo": [Grid(f, "mezo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2),
                          6_000, 300, MEZO_MU) for f in ("fa", "fb", "fc")],
