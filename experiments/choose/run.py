@@ -332,6 +332,13 @@ TABLES.update({
              f"_{kind}_r0_f1", refine=False)
         for kind in ("diag", "tensor")
     ],
+    # Its per-parameter oracle (fixed) at its selected rate at seeds 1 and 2, the batches and
+    # noise of sst2_short_lora_cosine_seeds: the LoRA ceiling paired over three seeds.
+    "sst2_short_lora_oracle_seeds": [
+        Grid("sst2_lora_full", "oracle", (-13,), ("cosine",), (1, 2), 4_000, 1_000,
+             (("mu", 1e-3), ("oracle", "diag"), ("refresh", 0), ("samples", 32),
+              ("floor", 1.0)), "_diag_r0_f1", widen=False, refine=False)
+    ],
     # Its per-parameter oracle re-measured every 500 steps (at 1,000, 2,000 and 3,000
     # passes) at the baseline's rate and the next half-decade up, where the fixed oracle is
     # stable and MeZO is not: on digits the refresh is what made the larger peak pay.
