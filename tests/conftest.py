@@ -14,8 +14,8 @@ import tempfile
 # workers it starts and the subprocesses the tests start (the examples, the notebooks, the
 # 8-device suites) all inherit the environment. Many tests compile the same programs (the
 # plain reference paths, the examples' MiniLM forward), and on two CPU cores compiling is
-# most of the suite's time: measured, 1,498 s of test time without the cache and about
-# 150 s less with it. The cache lives for one session (removed at exit by the process that
+# a large part of the suite's time: measured, 1,498 s of test time without the cache and
+# about 150 s less with it. The cache lives for one session (removed at exit by the process that
 # made it); a JAX_COMPILATION_CACHE_DIR of the user's is used and left alone.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _cache = tempfile.mkdtemp(prefix="hizoo-jax-tests-xla-cache-")
