@@ -156,6 +156,18 @@ TABLES.update({
                                  ("constant",), (0,), 20_000, 2_000, HIZOO_ALPHAS["ft"]),
     "sst2_lora_mezo": [Grid("sst2_lora_full", "mezo", (-12, -10, -14, -8, -16), ("cosine",),
                             (0,), 20_000, 2_000, MEZO_MU)],
+    # LoRA at five times the short budget, 20,000 passes (about 70 min a run on a free
+    # core): where the short runs were still falling. The grids start at the short tables'
+    # selections (cosine 5.62e-4, constant 1.78e-4) and the half-decade below them, since a
+    # longer horizon tends to want a lower rate (the short constant grid already turned
+    # unstable at 5.62e-4 after 2,000 passes); the grid widens by half-decades until the best
+    # is interior. One table per schedule, so that two queues run side by side; no
+    # refinement (an hour a point).
+    "sst2_long_lora_cosine": [Grid("sst2_lora_full", "mezo", (-13, -15),
+                                   ("cosine",), (0,), 20_000, 2_000, MEZO_MU, refine=False)],
+    "sst2_long_lora_constant": [Grid("sst2_lora_full", "mezo", (-15, -17),
+                                     ("constant",), (0,), 20_000, 2_000, MEZO_MU,
+                                     refine=False)],
     "sst2_ft_k512_mezo": [Grid("sst2_ft_k512", "mezo", (-20, -18, -22, -16, -24),
                                ("cosine",), (0,), 10_000, 1_000, MEZO_MU)],
     # The curvature ceiling (MeZO preconditioned by the autodiff Hessian diagonal).
