@@ -242,3 +242,49 @@ def test_the_measured_preset_schedule_is_the_harness_schedule():
   steps = np.arange(0, 700, 7)
   np.testing.assert_array_equal([float(ours(t)) for t in steps],
                                 [float(theirs(t)) for t in steps])
+
+
+def test_zo_rate_on_a_quadratic_with_known_statistics():
+  """The three sums of experiments/choose/zo_rate.py on f_B(x) = sum_i a_i x_i^2 / 2 - b_B.x,
+  where they are known: g = a x - mean_B b_B, the minibatch noise cycles through vectors
+  that sum to zero (so the mean of the gradients over whole cycles is g exactly, and the
+  debiasing, made for independent batches, gives (N |g|^2 - E|g_B|^2) / (N - 1)), and the
+  Hessian is diag(a), on which a Rademacher Hutchinson sample is exact."""
+  import jax.numpy as jnp
+
+  from experiments.choose import zo_rate
+
+  rng = np.random.default_rng(0)
+  a = {"u": rng.uniform(0.5, 2.0, 5), "w": rng.uniform(0.1, 0.3, (3, 4))}
+  x = {"u": rng.normal(size=5), "w": rng.normal(size=(3, 4))}
+  b = {k: rng.normal(size=v.shape) for k, v in a.items()}
+  cyc = 4
+  noise = {k: rng.normal(size=(cyc, *v.shape)) for k, v in a.items()}
+  noise = {k: v - v.mean(0) for k, v in noise.items()}  # the cycle sums to zero
+
+  def loss_fn(p, t):
+    return sum(jnp.sum(a[k] * p[k] ** 2) / 2 - jnp.sum((b[k] + jnp.asarray(noise[k])[t]) * p[k])
+               for k in p)
+
+  inst = tasks.Instance(params={k: jnp.asarray(v, jnp.float32) for k, v in x.items()},
+                        extra=(), loss_fn=loss_fn, batch=lambda t: (t % cyc,),
+                        evaluate=None, test=None, info={})
+  n = 8 * cyc
+  m = zo_rate.measure_instance(inst, batches=n, hvp=3)
+  assert m["names"] == ["['u']", "['w']"] and m["n"] == [5, 12]
+  for i, k in enumerate(("u", "w")):
+    g = a[k] * x[k] - b[k]
+    gb2 = np.mean([np.sum((g - noise[k][t]) ** 2) for t in range(cyc)])
+    np.testing.assert_allclose(m["gb2"][i], gb2, rtol=1e-5)
+    np.testing.assert_allclose(m["g2"][i], (n * np.sum(g ** 2) - gb2) / (n - 1), rtol=1e-5)
+    np.testing.assert_allclose(m["trh"][i], np.sum(a[k]), rtol=1e-5)
+    assert m["trh_se"][i] < 1e-5 * np.sum(a[k])
+  # the rate of a subset: |g_S|^4 / (E|g_B,S|^2 tr H_S), relative to every parameter
+  rows = zo_rate.rates(m, {"all": lambda p: True, "u": lambda p: "u" in p,
+                           "none": lambda p: False})
+  assert [r["subset"] for r in rows] == ["all", "u"]  # a subset that selects nothing: left out
+  g2, gb2, trh = (np.asarray(m[k]) for k in ("g2", "gb2", "trh"))
+  rate = lambda s: np.sum(g2[s]) ** 2 / (np.sum(gb2[s]) * np.sum(trh[s]))
+  np.testing.assert_allclose(rows[1]["relative_rate"], rate([0]) / rate([0, 1]), rtol=1e-9)
+  np.testing.assert_allclose(rows[0]["lr_star"], np.sum(g2) / (np.sum(gb2) * np.sum(trh)),
+                             rtol=1e-9)

@@ -134,6 +134,33 @@ def test_split_trainable_modes_and_errors():
   assert {"kernel", "bias"} <= {n.split("/")[-1] for n in paths(lora)}
 
 
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_trainable_filter_layers_keeps_those_layers_and_the_head(kind):
+  model = tiny(kind)
+  n_layers = model.config.num_hidden_layers
+  assert n_layers >= 2
+  clf = heads.SequenceClassifier(model, model.config.hidden_size, 2)
+  _, sub, rest = peft.split_trainable(clf, peft.trainable_filter("ft", layers=[n_layers - 1]))
+  names = paths(sub)
+  layer_leaves = [n for n in names if n.startswith("backbone/layers/")]
+  assert layer_leaves and all(n.startswith(f"backbone/layers/{n_layers - 1}/")
+                              for n in layer_leaves)
+  assert {"kernel", "bias"} == {n for n in names if "/" not in n}  # the head
+  # everything else, the embeddings and the other layers included, is frozen
+  _, full, _ = peft.split_trainable(clf, "ft")
+  assert len(names) + len(jax.tree.leaves(rest)) == len(jax.tree.leaves(full))
+  assert not any(n.startswith(("backbone/layers/0/", "backbone/embed")) for n in names)
+  # LoRA: only the adapters of the kept layers
+  peft.apply_lora(clf.backbone, rank=2, alpha=4, rngs=nnx.Rngs(0))
+  _, lora, _ = peft.split_trainable(clf, peft.trainable_filter("lora", layers=range(1)))
+  lora_names = [n for n in paths(lora) if "/" in n]
+  assert len(lora_names) == 4 and all(n.startswith("backbone/layers/0/") for n in lora_names)
+  with pytest.raises(ValueError, match="layer indices"):
+    peft.trainable_filter("ft", layers=[])
+  with pytest.raises(ValueError, match="no params matching"):  # no such layer, no head
+    peft.split_trainable(tiny(kind), peft.trainable_filter("ft", layers=[n_layers + 5]))
+
+
 def _train(tx, loss_fn, params, frozen, batch, steps):
   step = hz.make_train_step(tx, loss_fn)
   state = tx.init(params)

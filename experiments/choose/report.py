@@ -28,7 +28,7 @@ if __package__ in (None, ""):
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__)))))
 
-from experiments.choose import harness, run  # noqa: E402
+from experiments.choose import harness, run, tasks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(harness.HERE))
 FIGURES = os.path.join(ROOT, "docs", "results", "figures")
@@ -234,6 +234,12 @@ def _target_ratio(r, b, target) -> tuple[str, str]:
   return out[0], out[1]
 
 
+def baseline_task(task: str) -> str:
+  """The task whose runs pair with ``task``'s by seed: itself, or the task it declares
+  (``paired_with``: the same data, batches and start, another trainable subset)."""
+  return getattr(tasks.TASKS.get(task), "paired_with", None) or task
+
+
 def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
            target: float | None = None) -> str:
   """Every selected row of table ``name`` against the tuned baseline (the lowest mean
@@ -248,7 +254,7 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
   tasks_ = sorted({g.task for g in run.TABLES[name]})
   out = []
   for task in tasks_:
-    base_rows = selected_runs(baseline, results, task, extra_seeds, target)
+    base_rows = selected_runs(baseline, results, baseline_task(task), extra_seeds, target)
     if not base_rows:
       out.append(f"{task}: the baseline table {baseline} has no selection yet.")
       continue
@@ -311,7 +317,7 @@ def plot_versus(name: str, baseline: str, results: str, task: str, path: str,
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  base_rows = selected_runs(baseline, results, task, extra_seeds)
+  base_rows = selected_runs(baseline, results, baseline_task(task), extra_seeds)
   if not base_rows:
     return
   b = min(base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))

@@ -206,6 +206,11 @@ class SST2:
   probe_size: int = 8192
   eval_batch: int = 128
   name: str = "sst2_ft_full"
+  # Train only these transformer layers (and the head); None: every layer of the mode.
+  layers: tuple | None = None
+  # The task whose runs these are paired with by seed (the same data, batches and probe
+  # start; only the trainable subset differs): the baseline of `report --versus`.
+  paired_with: str | None = None
 
   def _splits(self, seed):
     from hizoo_jax.models import data
@@ -263,15 +268,18 @@ class SST2:
     if self.mode == "lora":
       peft.apply_lora(model, rank=8, alpha=16.0, rngs=nnx.Rngs(seed))
     clf = heads.SequenceClassifier(model, model.config.hidden_size, 2, pooling="mean")
+    wrt = peft.trainable_filter(self.mode, layers=self.layers)
     info = {"mode": self.mode, "data": self.data, "n_train": len(train[2]),
             "n_val": len(val[2]), "n_train_eval": len(train_eval[2]), "n_test": len(test[2]),
             "max_length": self.max_length, "batch_size": self.batch_size}
-    graphdef, params, frozen = peft.split_trainable(clf, self.mode)
+    if self.layers is not None:
+      info["layers"] = list(self.layers)
+    graphdef, params, frozen = peft.split_trainable(clf, wrt)
     logits_fn = jax.jit(lambda p, f, i, m: nnx.merge(graphdef, p, f)(i, m))
     evalf = self._eval_fn(logits_fn)
     if not restoring:  # a resumed run takes its params from the checkpoint
       info.update(self._probe(clf, logits_fn, evalf, probe, val))
-      graphdef, params, frozen = peft.split_trainable(clf, self.mode)
+      graphdef, params, frozen = peft.split_trainable(clf, wrt)
     del clf
     loss_fn = peft.make_loss_fn(graphdef,
                                 lambda m, i, am, y: heads.cross_entropy(m(i, am), y))
@@ -334,6 +342,13 @@ TASKS: dict[str, Any] = {
     "fc": TestFunction("f_c", "fc"),
     **{f"sst2_{m}_{d}": SST2(mode=m, data=d, name=f"sst2_{m}_{d}")
        for m in ("ft", "lora") for d in ("full", "k512")},
+    # Full fine-tuning of the lower transformer layers only (and the head), where
+    # experiments/choose/zo_rate.py measures a larger share of the gradient than of the
+    # curvature; paired with sst2_ft_full.
+    **{f"sst2_ftl{''.join(map(str, ls))}_full": SST2(
+        mode="ft", data="full", layers=ls, paired_with="sst2_ft_full",
+        name=f"sst2_ftl{''.join(map(str, ls))}_full")
+       for ls in ((0, 1, 2, 3), (1, 2, 3), (2, 3))},
 }
 
 

@@ -123,19 +123,41 @@ def add_prefix(model: nnx.Module, *, num_tokens: int = 5, init: str = "real",
   return model
 
 
-def trainable_filter(mode: str) -> nnx.filterlib.Filter:
+def trainable_filter(mode: str, layers: Any = None) -> nnx.filterlib.Filter:
   """The NNX filter of the params a mode trains (task-head params included in all modes).
 
   ``"ft"``: every ``nnx.Param``; ``"lora"``: ``nnx.LoRAParam`` and :class:`HeadParam`;
   ``"prefix"``: :class:`PrefixParam` and :class:`HeadParam`.
+
+  ``layers`` (indices into the model's ``layers``, e.g. ``range(4)``) keeps, of the mode's
+  params, those of these transformer layers and the head; the embeddings and the other
+  layers are frozen. A zeroth-order method gains, per step at its best learning rate,
+  ``|g_S|^4 / (E|g_B,S|^2 tr H_S)`` on the subset ``S`` it perturbs (``g`` the gradient,
+  ``g_B`` a minibatch's, ``H`` the Hessian), so a subset whose share of the gradient is
+  larger than its share of the curvature goes further per forward pass than every
+  parameter does: ``experiments/choose/zo_rate.py`` measures the shares per layer.
   """
   if mode == "ft":
-    return nnx.Param
-  if mode == "lora":
-    return nnx.Any(nnx.LoRAParam, HeadParam)
-  if mode == "prefix":
-    return nnx.Any(PrefixParam, HeadParam)
-  raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    base = nnx.Param
+  elif mode == "lora":
+    base = nnx.Any(nnx.LoRAParam, HeadParam)
+  elif mode == "prefix":
+    base = nnx.Any(PrefixParam, HeadParam)
+  else:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if layers is None:
+    return base
+  keep = frozenset(int(i) for i in layers)
+  if not keep or min(keep) < 0:
+    raise ValueError(f"layers must be non-negative layer indices, got {sorted(keep)}")
+
+  def in_layers(path, value) -> bool:
+    for a, b in zip(path[:-1], path[1:], strict=False):
+      if a == "layers" and isinstance(b, int):
+        return b in keep
+    return False
+
+  return nnx.All(base, nnx.Any(HeadParam, in_layers))
 
 
 def split_trainable(model: nnx.Module, mode_or_filter: Any) -> tuple[nnx.GraphDef, Any, Any]:

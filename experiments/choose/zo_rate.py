@@ -1,0 +1,195 @@
+"""Which parameters should a zeroth-order method perturb? The predicted rate per subset.
+
+For a two-point estimate along a Gaussian direction ``z`` restricted to a subset ``S`` of the
+parameters, ``g_hat = (z . g_B) z`` (``g_B`` the minibatch gradient, the limit ``mu -> 0``),
+one step of size ``lr`` changes the loss in expectation by
+
+    -lr |g_S|^2 + lr^2 / 2 E_B[ |g_B,S|^2 tr(H_S) + 2 g_B,S' H_S g_B,S ]
+
+(``g`` the gradient of the whole training loss, ``H`` its Hessian). At its best ``lr`` a step
+gains ``|g_S|^4 / (2 E|g_B,S|^2 tr(H_S))`` when ``tr(H_S)`` dominates (it does: the subsets
+here hold 10^5-10^7 parameters). So the subset that a zeroth-order method should perturb is
+the one with the largest ``rate(S) = |g_S|^4 / (E|g_B,S|^2 tr(H_S))``: its step sizes
+follow, and the ratio of two rates predicts the ratio of forward passes to a given loss early
+in a run. Parameters with little gradient but a share of the curvature (a token embedding
+row is used by few batches, yet the noise a step writes into it is paid on every batch that
+uses the token) lower the rate of any subset that contains them.
+
+This module measures, per parameter leaf, the three sums on MiniLM-L6 / SST-2 at the
+linear-probe start of the harness (``tasks.SST2``, seed 0):
+
+* ``|g_S|^2``: from the mean of ``N`` minibatch gradients, debiased (``E|mean|^2 = |g|^2 +
+  (E|g_B|^2 - |g|^2) / N``);
+* ``E|g_B,S|^2``: the mean squared norm of the same minibatch gradients;
+* ``tr(H_S)``: Hutchinson, ``v_S . (H_B v)_S`` with ``v`` Rademacher on every parameter,
+  averaged over minibatches (one Hessian-vector product each: the cross terms between
+  leaves vanish in expectation, so one product gives every leaf's trace).
+
+and prints the rate of the subsets a user can pick (every parameter, no token embeddings,
+the encoder layers only, ...), relative to every parameter::
+
+    python -m experiments.choose.zo_rate --batches 256 --hvp 64 \
+        --out experiments/choose/results/zo_rate_sst2_ft_full.json
+    python -m experiments.choose.zo_rate --batches 256 --hvp 160 --hvp-seed 1 --offset 5000 \
+        --out experiments/choose/results/zo_rate_sst2_ft_full_b.json   # independent
+    python -m experiments.choose.zo_rate --load experiments/choose/results/zo_rate_sst2_ft_full.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# The subsets reported: name -> predicate on a leaf's path string.
+SUBSETS = {
+    "every parameter (full fine-tuning)": lambda p: True,
+    "all but the token embeddings": lambda p: "['word']" not in p,
+    "all but the embedding tables (token, position, type)":
+        lambda p: not p.endswith("['embedding']"),
+    "encoder layers + head": lambda p: "['layers']" in p or "['backbone']" not in p,
+    "attention + FFN kernels + head": lambda p: "kernel" in p or "['backbone']" not in p,
+    "biases + LayerNorms + head (BitFit-like)":
+        lambda p: p.endswith("['bias']") or p.endswith("['scale']") or "['backbone']" not in p,
+    "token embeddings only": lambda p: "['word']" in p,
+    # LoRA (task sst2_lora_full): the adapters' A and B, the head
+    "LoRA B + head (A frozen)": lambda p: "lora_a" not in p,
+    "LoRA A and B only": lambda p: "lora_" in p,
+}
+
+
+def leaf_names(tree) -> list[str]:
+  return [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def measure(task_name: str = "sst2_ft_full", seed: int = 0, batches: int = 256, hvp: int = 64,
+            hvp_seed: int = 0, offset: int = 0) -> dict:
+  """:func:`measure_instance` on a task of the harness (``tasks.TASKS``) at its start."""
+  from experiments.choose import tasks
+
+  out = measure_instance(tasks.TASKS[task_name].setup(seed), batches, hvp, hvp_seed, offset)
+  return {"task": task_name, "seed": seed, **out}
+
+
+def measure_instance(inst, batches: int = 256, hvp: int = 64, hvp_seed: int = 0,
+                     offset: int = 0) -> dict:
+  """Per-leaf ``n``, ``g2`` (debiased ``|g|^2``), ``gb2`` (``E|g_B|^2``), ``trh`` (and its
+  standard error ``trh_se``) at ``inst.params``, from the minibatches ``inst.batch(t)``:
+  gradients on ``t = offset .. offset + batches - 1``, one Hessian-vector product on each
+  of the next ``hvp``."""
+  params, extra = inst.params, inst.extra
+  names = leaf_names(params)
+  sq = lambda t: jnp.stack([jnp.sum(jnp.square(x.astype(jnp.float32)))
+                            for x in jax.tree.leaves(t)])
+  grad = jax.jit(jax.grad(inst.loss_fn))
+
+  @jax.jit
+  def hvp_terms(p, v, *batch):
+    g = lambda q: jax.grad(inst.loss_fn)(q, *extra, *batch)
+    _, hv = jax.jvp(g, (p,), (v,))
+    return jnp.stack([jnp.sum(a * b) for a, b in zip(jax.tree.leaves(v), jax.tree.leaves(hv),
+                                                      strict=True)])
+
+  t0 = time.perf_counter()
+  gsum = jax.tree.map(jnp.zeros_like, params)
+  gb2 = np.zeros(len(names))
+  for t in range(batches):
+    gb = grad(params, *extra, *inst.batch(offset + t))
+    gsum = jax.tree.map(jnp.add, gsum, gb)
+    gb2 += np.asarray(sq(gb), np.float64)
+  gb2 /= batches
+  mean2 = np.asarray(sq(jax.tree.map(lambda s: s / batches, gsum)), np.float64)
+  g2 = (batches * mean2 - gb2) / (batches - 1)
+  t_grad = time.perf_counter() - t0
+
+  t0 = time.perf_counter()
+  key = jax.random.key(hvp_seed)
+  leaves, treedef = jax.tree.flatten(params)
+  trh_samples = []
+  for t in range(hvp):
+    key, sub = jax.random.split(key)
+    keys = jax.random.split(sub, len(leaves))
+    v = jax.tree.unflatten(treedef, [
+        jax.random.rademacher(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)])
+    # batches after the gradient's, so the two estimates are independent
+    trh_samples.append(np.asarray(hvp_terms(params, v, *inst.batch(offset + batches + t)),
+                                  np.float64))
+  trh_samples = np.stack(trh_samples)
+  t_hvp = time.perf_counter() - t0
+  return {"batches": batches, "hvp": hvp, "hvp_seed": hvp_seed, "offset": offset,
+          "names": names, "n": [int(x.size) for x in leaves], "g2": g2.tolist(),
+          "gb2": gb2.tolist(), "trh": trh_samples.mean(0).tolist(),
+          "trh_se": (trh_samples.std(0, ddof=1) / np.sqrt(hvp)).tolist(),
+          "seconds": {"gradients": t_grad, "hvp": t_hvp}}
+
+
+def rates(m: dict, subsets=None) -> list[dict]:
+  """Rate of each subset relative to every parameter (see the module docstring)."""
+  subsets = SUBSETS if subsets is None else subsets
+  names = m["names"]
+  arr = {k: np.asarray(m[k], np.float64) for k in ("n", "g2", "gb2", "trh", "trh_se")}
+  out = []
+  first = True
+  for label, pred in subsets.items():
+    sel = np.array([bool(pred(p)) for p in names])
+    if not first and (not sel.any() or sel.all()):
+      continue  # a subset of another model's params, or every one again
+    first = False
+    n, g2, gb2 = arr["n"][sel].sum(), arr["g2"][sel].sum(), arr["gb2"][sel].sum()
+    trh, se = arr["trh"][sel].sum(), np.sqrt(np.square(arr["trh_se"][sel]).sum())
+    ok = trh > 0
+    out.append({"subset": label, "params": int(n), "g2": g2, "gb2": gb2, "trh": trh,
+                "trh_se": se, "rate": g2 ** 2 / (gb2 * trh) if ok else float("nan"),
+                # the best constant step and what one step gains at it (loss units)
+                "lr_star": g2 / (gb2 * trh) if ok else float("nan"),
+                "gain_per_step": g2 ** 2 / (2 * gb2 * trh) if ok else float("nan")})
+  base = out[0]["rate"]
+  for r in out:
+    r["relative_rate"] = r["rate"] / base
+  return out
+
+
+def table(rows: list[dict]) -> str:
+  lines = ["| subset | params | share of \\|g\\|² | share of E\\|g_B\\|² | share of tr H "
+           "(± 2 se) | rate relative to every parameter | best lr | loss gain per 1,000 steps |",
+           "|---|---|---|---|---|---|---|---|"]
+  b = rows[0]
+  for r in rows:
+    lines.append(f"| {r['subset']} | {r['params']:,} | {r['g2'] / b['g2']:.3f} | "
+                 f"{r['gb2'] / b['gb2']:.3f} | {r['trh'] / b['trh']:.3f} "
+                 f"(± {2 * r['trh_se'] / b['trh']:.3f}) | {r['relative_rate']:.2f} | "
+                 f"{r['lr_star']:.3g} | {1000 * r['gain_per_step']:.2g} |")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--task", default="sst2_ft_full")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--batches", type=int, default=256)
+  p.add_argument("--hvp", type=int, default=64)
+  p.add_argument("--hvp-seed", type=int, default=0, help="seed of the Rademacher probes")
+  p.add_argument("--offset", type=int, default=0,
+                 help="first batch (training steps' batches offset..): an independent "
+                      "measurement takes batches and probes no other one used")
+  p.add_argument("--out", default=None, help="write the per-leaf measurements (JSON)")
+  p.add_argument("--load", default=None, help="report a saved JSON instead of measuring")
+  a = p.parse_args()
+  if a.load:
+    with open(a.load) as fh:
+      m = json.load(fh)
+  else:
+    m = measure(a.task, a.seed, a.batches, a.hvp, a.hvp_seed, a.offset)
+    if a.out:
+      with open(a.out, "w") as fh:
+        json.dump(m, fh)
+  print(table(rates(m)))
+  print(f"seconds: {m['seconds']}")
+
+
+if __name__ == "__main__":
+  main()
