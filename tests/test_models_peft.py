@@ -155,6 +155,13 @@ def test_trainable_filter_layers_keeps_those_layers_and_the_head(kind):
   _, lora, _ = peft.split_trainable(clf, peft.trainable_filter("lora", layers=range(1)))
   lora_names = [n for n in paths(lora) if "/" in n]
   assert len(lora_names) == 4 and all(n.startswith("backbone/layers/0/") for n in lora_names)
+  # head=False: the head (e.g. a fitted linear probe) stays frozen too
+  _, nohead, _ = peft.split_trainable(clf, peft.trainable_filter("lora", layers=[0],
+                                                                 head=False))
+  assert sorted(paths(nohead)) == sorted(lora_names)
+  _, nohead, _ = peft.split_trainable(clf, peft.trainable_filter("ft", head=False))
+  _, full, _ = peft.split_trainable(clf, "ft")  # LoRA's A and B are nnx.Params too
+  assert len(jax.tree.leaves(nohead)) == len(jax.tree.leaves(full)) - 2
   with pytest.raises(ValueError, match="layer indices"):
     peft.trainable_filter("ft", layers=[])
   with pytest.raises(ValueError, match="no params matching"):  # no such layer, no head

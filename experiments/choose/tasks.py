@@ -208,6 +208,7 @@ class SST2:
   name: str = "sst2_ft_full"
   # Train only these transformer layers (and the head); None: every layer of the mode.
   layers: tuple | None = None
+  head: bool = True  # False: the linear probe stays as fitted
   # The task whose runs these are paired with by seed (the same data, batches and probe
   # start; only the trainable subset differs): the baseline of `report --versus`.
   paired_with: str | None = None
@@ -268,12 +269,14 @@ class SST2:
     if self.mode == "lora":
       peft.apply_lora(model, rank=8, alpha=16.0, rngs=nnx.Rngs(seed))
     clf = heads.SequenceClassifier(model, model.config.hidden_size, 2, pooling="mean")
-    wrt = peft.trainable_filter(self.mode, layers=self.layers)
+    wrt = peft.trainable_filter(self.mode, layers=self.layers, head=self.head)
     info = {"mode": self.mode, "data": self.data, "n_train": len(train[2]),
             "n_val": len(val[2]), "n_train_eval": len(train_eval[2]), "n_test": len(test[2]),
             "max_length": self.max_length, "batch_size": self.batch_size}
     if self.layers is not None:
       info["layers"] = list(self.layers)
+    if not self.head:
+      info["head"] = "frozen"
     graphdef, params, frozen = peft.split_trainable(clf, wrt)
     logits_fn = jax.jit(lambda p, f, i, m: nnx.merge(graphdef, p, f)(i, m))
     evalf = self._eval_fn(logits_fn)
@@ -349,6 +352,12 @@ TASKS: dict[str, Any] = {
         mode="ft", data="full", layers=ls, paired_with="sst2_ft_full",
         name=f"sst2_ftl{''.join(map(str, ls))}_full")
        for ls in ((0, 1, 2, 3), (1, 2, 3), (2, 3))},
+    # LoRA with the probe head frozen ("nh"), on every layer or on layers 1-3 only: the
+    # head holds a fifth of LoRA's curvature and a twentieth of its gradient.
+    **{f"sst2_lora{'' if ls is None else 'l' + ''.join(map(str, ls))}nh_full": SST2(
+        mode="lora", data="full", layers=ls, head=False, paired_with="sst2_lora_full",
+        name=f"sst2_lora{'' if ls is None else 'l' + ''.join(map(str, ls))}nh_full")
+       for ls in (None, (1, 2, 3))},
 }
 
 

@@ -123,19 +123,23 @@ def add_prefix(model: nnx.Module, *, num_tokens: int = 5, init: str = "real",
   return model
 
 
-def trainable_filter(mode: str, layers: Any = None) -> nnx.filterlib.Filter:
-  """The NNX filter of the params a mode trains (task-head params included in all modes).
+def trainable_filter(mode: str, layers: Any = None, head: bool = True
+                     ) -> nnx.filterlib.Filter:
+  """The NNX filter of the params a mode trains (task-head params included by default).
 
   ``"ft"``: every ``nnx.Param``; ``"lora"``: ``nnx.LoRAParam`` and :class:`HeadParam`;
   ``"prefix"``: :class:`PrefixParam` and :class:`HeadParam`.
 
   ``layers`` (indices into the model's ``layers``, e.g. ``range(4)``) keeps, of the mode's
-  params, those of these transformer layers and the head; the embeddings and the other
-  layers are frozen. A zeroth-order method gains, per step at its best learning rate,
+  params, those of these transformer layers (and the head); the embeddings and the other
+  layers are frozen. ``head=False`` freezes the task head too (e.g. a linear probe fitted
+  before fine-tuning).
+
+  Why a subset: a zeroth-order method gains, per step at its best learning rate,
   ``|g_S|^4 / (E|g_B,S|^2 tr H_S)`` on the subset ``S`` it perturbs (``g`` the gradient,
   ``g_B`` a minibatch's, ``H`` the Hessian), so a subset whose share of the gradient is
   larger than its share of the curvature goes further per forward pass than every
-  parameter does: ``experiments/choose/zo_rate.py`` measures the shares per layer.
+  parameter does (``experiments/choose/zo_rate.py`` measures the shares per leaf).
   """
   if mode == "ft":
     base = nnx.Param
@@ -145,6 +149,8 @@ def trainable_filter(mode: str, layers: Any = None) -> nnx.filterlib.Filter:
     base = nnx.Any(PrefixParam, HeadParam)
   else:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if not head:
+    base = nnx.All(base, nnx.Not(HeadParam))
   if layers is None:
     return base
   keep = frozenset(int(i) for i in layers)
@@ -157,7 +163,7 @@ def trainable_filter(mode: str, layers: Any = None) -> nnx.filterlib.Filter:
         return b in keep
     return False
 
-  return nnx.All(base, nnx.Any(HeadParam, in_layers))
+  return nnx.All(base, nnx.Any(HeadParam, in_layers) if head else in_layers)
 
 
 def split_trainable(model: nnx.Module, mode_or_filter: Any) -> tuple[nnx.GraphDef, Any, Any]:
