@@ -179,6 +179,16 @@ TABLES.update({
         Grid(f"sst2_ftl{ls}_full", "mezo", (-17, -19, -15), ("constant",), (0,), 4_000,
              1_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))
         for ls in ("123", "23")],
+    # The same for LoRA (zo_rate on sst2_lora_full, two measurements): freezing the probe
+    # head alone predicts 1.4-1.5x the rate of every LoRA parameter, the adapters of layers
+    # 1-3 alone (head frozen) 2.6-5x. Cosine MeZO, the LoRA baseline's schedule at 4,000
+    # passes (5.62e-4), the grid centred on the predicted best constant rate times the
+    # baseline's cosine / constant ratio (about 3), widened until interior; then seeds 1, 2.
+    "sst2_short_lora_layers": [
+        Grid("sst2_loral123nh_full", "mezo", (-9, -11, -7), ("cosine",), (0,), 4_000, 1_000,
+             MEZO_MU, refine=False, confirm_seeds=(1, 2)),
+        Grid("sst2_loranh_full", "mezo", (-12, -10, -14), ("cosine",), (0,), 4_000, 1_000,
+             MEZO_MU, refine=False, confirm_seeds=(1, 2))],
     "sst2_ft_k512_mezo": [Grid("sst2_ft_k512", "mezo", (-20, -18, -22, -16, -24),
                                ("cosine",), (0,), 10_000, 1_000, MEZO_MU)],
     # The curvature ceiling (MeZO preconditioned by the autodiff Hessian diagonal).
