@@ -110,7 +110,7 @@ def held_out(n_train: int) -> int:
 # Pieces shared with finetune_lm.py.
 
 
-def make_optimizer(name: str, lr: float, *, mu: float, alpha: float, seed: int,
+def make_optimizer(name: str, lr: Any, *, mu: float, alpha: float, seed: int,
                    estimator: str = "paper") -> optax.GradientTransformation:
   """The optimizer called ``name``; ZO ones draw their noise from ``seed``."""
   if name == "hizoo":
@@ -447,6 +447,14 @@ def main(argv=None) -> None:
   p.add_argument("--mu", type=float, default=None, help="default: 1e-3 (1e-2 for prefix)")
   p.add_argument("--alpha", type=float, default=1e-3, help="HiZOO hessian_smoothing")
   p.add_argument("--estimator", choices=("paper", "unbiased"), default="paper")
+  p.add_argument("--layers", default=None,
+                 help="comma-separated transformer layers to train, e.g. 1,2,3 (default: "
+                      "all); the others and the embeddings stay frozen")
+  p.add_argument("--freeze-head", action="store_true",
+                 help="keep the head as initialised (e.g. the linear probe) instead of "
+                      "training it")
+  p.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+                 help="learning rate over the steps: constant, or cosine decay to 0")
   p.add_argument("--lora-rank", type=int, default=8)
   p.add_argument("--lora-alpha", type=float, default=16.0)
   p.add_argument("--prefix-tokens", type=int, default=5)
@@ -497,6 +505,9 @@ def main(argv=None) -> None:
   k_shot = args.k_shot
   if args.head_init is None:
     args.head_init = "lp" if args.data else "zero"
+  if args.freeze_head and args.head == "linear" and args.head_init == "zero":
+    p.error("--freeze-head keeps a zero head at zero (constant logits): use it with the "
+            "linear probe (--head-init lp, the default with --data)")
   if args.max_length is None:
     args.max_length = 64 if args.data else 32
   if args.smoke:  # a small test set; a k-shot train set is sampled from all of train
@@ -545,15 +556,20 @@ def main(argv=None) -> None:
         probe_set = tuple(a[:PROBE_SAMPLE] for a in train_set)
         probe = probe_init(clf, probe_set, val_set, args.probe_l2)
         print(f"{name} seed {seed}: linear-probe head, l2={probe['l2']:g}", flush=True)
-      graphdef, params, frozen = peft.split_trainable(clf, args.mode)
+      wrt = peft.trainable_filter(
+          args.mode, layers=parse_list(args.layers, int) if args.layers else None,
+          head=not args.freeze_head)
+      graphdef, params, frozen = peft.split_trainable(clf, wrt)
       del clf
       loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: objective(m(i, am), y))
-      tx = make_optimizer(name, lr, mu=mu, alpha=args.alpha, seed=seed,
+      rate = (optax.cosine_decay_schedule(lr, args.steps) if args.schedule == "cosine"
+              else lr)
+      tx = make_optimizer(name, rate, mu=mu, alpha=args.alpha, seed=seed,
                           estimator=args.estimator)
       n_train = sum(x.size for x in jax.tree.leaves(params))
       desc = f"{name} seed {seed}"
-      print(f"{desc}: lr={lr:g} mu={mu:g} alpha={args.alpha:g}, {n_train:,} trainable params",
-            flush=True)
+      print(f"{desc}: lr={lr:g} ({args.schedule}) mu={mu:g} alpha={args.alpha:g}, "
+            f"{n_train:,} trainable params", flush=True)
       ckpt = os.path.join(args.ckpt_dir, f"{name}_seed{seed}") if args.ckpt_dir else None
       run = train(name=name, tx=tx, loss_fn=loss_fn, graphdef=graphdef, params=params,
                   frozen=frozen, train_set=train_set, eval_set=eval_set, steps=args.steps,

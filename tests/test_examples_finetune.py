@@ -48,13 +48,20 @@ def test_finetune_minilm_runs_the_new_methods_by_name(tmp_path):
   """FZOO and LOZO by their hz names (on the synthetic set the methods of 0.4 have no
   measured default lr: outside --smoke the example asks for --lr)."""
   out = run_example("finetune_minilm.py", "--mode", "lora", "--optimizer", "fzoo,lozo",
-                    "--lr", "1e-3", "--out", str(tmp_path))
-  assert "| fzoo |" in out and "| lozo |" in out
-  check_outputs(str(tmp_path), ["fzoo", "lozo"])
+                    "--lr", "1e-3", "--layers", "1,2", "--schedule", "cosine",
+                    "--out", str(tmp_path))
+  assert "| fzoo |" in out and "| lozo |" in out and "(cosine)" in out
+  res = check_outputs(str(tmp_path), ["fzoo", "lozo"])
+  # --layers 1,2: the LoRA A and B of query/value in two layers, and the 384x2 head
+  assert res["runs"]["fzoo"][0]["trainable_params"] == 2 * 2 * 2 * 384 * 8 + 384 * 2 + 2
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   err = subprocess.run([sys.executable, "examples/finetune_minilm.py", "--optimizer", "fzoo"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300).stderr
   assert "pass --lr" in err
+  # a frozen zero head would keep the logits at zero
+  err = subprocess.run([sys.executable, "examples/finetune_minilm.py", "--freeze-head"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300).stderr
+  assert "--freeze-head keeps a zero head at zero" in err
 
 
 @pytest.mark.slow
