@@ -281,8 +281,8 @@ def test_zo_rate_on_a_quadratic_with_known_statistics():
     assert m["trh_se"][i] < 1e-5 * np.sum(a[k])
   # the rate of a subset: |g_S|^4 / (E|g_B,S|^2 tr H_S), relative to every parameter
   rows = zo_rate.rates(m, {"all": lambda p: True, "u": lambda p: "u" in p,
-                           "none": lambda p: False})
-  assert [r["subset"] for r in rows] == ["all", "u"]  # a subset that selects nothing: left out
+                           "none": lambda p: False, "u again": lambda p: "w" not in p})
+  assert [r["subset"] for r in rows] == ["all", "u"]  # empty or repeated subsets: left out
   g2, gb2, trh = (np.asarray(m[k]) for k in ("g2", "gb2", "trh"))
   rate = lambda s: np.sum(g2[s]) ** 2 / (np.sum(gb2[s]) * np.sum(trh[s]))
   np.testing.assert_allclose(rows[1]["relative_rate"], rate([0]) / rate([0, 1]), rtol=1e-9)

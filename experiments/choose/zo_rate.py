@@ -32,7 +32,7 @@ the encoder layers only, ...), relative to every parameter::
         --out experiments/choose/results/zo_rate_sst2_ft_full.json
     python -m experiments.choose.zo_rate --batches 256 --hvp 160 --hvp-seed 1 --offset 5000 \
         --out experiments/choose/results/zo_rate_sst2_ft_full_b.json   # independent
-    python -m experiments.choose.zo_rate --load experiments/choose/results/zo_rate_sst2_ft_full.json
+    python -m experiments.choose.zo_rate --load experiments/choose/results/zo_rate_sst2_ft_*
 """
 
 from __future__ import annotations
@@ -45,20 +45,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# The subsets reported: name -> predicate on a leaf's path string.
+
+def _layers(*ids: int):
+  return lambda p: any(f"['layers'][{i}]" in p for i in ids)
+
+
+def _head(p: str) -> bool:
+  return "['backbone']" not in p
+
+
+# The subsets reported: name -> predicate on a leaf's path string (a subset that selects
+# no leaf of the measured params, or the same leaves as a subset above it, is left out).
 SUBSETS = {
-    "every parameter (full fine-tuning)": lambda p: True,
+    "every parameter": lambda p: True,
     "all but the token embeddings": lambda p: "['word']" not in p,
-    "all but the embedding tables (token, position, type)":
-        lambda p: not p.endswith("['embedding']"),
-    "encoder layers + head": lambda p: "['layers']" in p or "['backbone']" not in p,
-    "attention + FFN kernels + head": lambda p: "kernel" in p or "['backbone']" not in p,
+    "encoder layers + head": lambda p: "['layers']" in p or _head(p),
+    "the head only": _head,
     "biases + LayerNorms + head (BitFit-like)":
-        lambda p: p.endswith("['bias']") or p.endswith("['scale']") or "['backbone']" not in p,
+        lambda p: p.endswith("['bias']") or p.endswith("['scale']") or _head(p),
     "token embeddings only": lambda p: "['word']" in p,
-    # LoRA (task sst2_lora_full): the adapters' A and B, the head
-    "LoRA B + head (A frozen)": lambda p: "lora_a" not in p,
-    "LoRA A and B only": lambda p: "lora_" in p,
+    "layers 0-3 + head": lambda p: _layers(0, 1, 2, 3)(p) or _head(p),
+    "layers 1-3 + head": lambda p: _layers(1, 2, 3)(p) or _head(p),
+    "layers 2-3 + head": lambda p: _layers(2, 3)(p) or _head(p),
+    "layers 4-5 + head": lambda p: _layers(4, 5)(p) or _head(p),
+    "all but the head": lambda p: not _head(p),
+    "layers 1-3 (head frozen)": _layers(1, 2, 3),
 }
 
 
@@ -133,12 +144,12 @@ def rates(m: dict, subsets=None) -> list[dict]:
   names = m["names"]
   arr = {k: np.asarray(m[k], np.float64) for k in ("n", "g2", "gb2", "trh", "trh_se")}
   out = []
-  first = True
+  seen: list = []
   for label, pred in subsets.items():
     sel = np.array([bool(pred(p)) for p in names])
-    if not first and (not sel.any() or sel.all()):
-      continue  # a subset of another model's params, or every one again
-    first = False
+    if seen and (not sel.any() or any(np.array_equal(sel, x) for x in seen)):
+      continue  # a subset of another model's params, or one already reported
+    seen.append(sel)
     n, g2, gb2 = arr["n"][sel].sum(), arr["g2"][sel].sum(), arr["gb2"][sel].sum()
     trh, se = arr["trh"][sel].sum(), np.sqrt(np.square(arr["trh_se"][sel]).sum())
     ok = trh > 0
@@ -154,6 +165,7 @@ def rates(m: dict, subsets=None) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
+  """One measurement: the shares, the relative rate, the best lr and the gain."""
   lines = ["| subset | params | share of \\|g\\|² | share of E\\|g_B\\|² | share of tr H "
            "(± 2 se) | rate relative to every parameter | best lr | loss gain per 1,000 steps |",
            "|---|---|---|---|---|---|---|---|"]
@@ -163,6 +175,17 @@ def table(rows: list[dict]) -> str:
                  f"{r['gb2'] / b['gb2']:.3f} | {r['trh'] / b['trh']:.3f} "
                  f"(± {2 * r['trh_se'] / b['trh']:.3f}) | {r['relative_rate']:.2f} | "
                  f"{r['lr_star']:.3g} | {1000 * r['gain_per_step']:.2g} |")
+  return "\n".join(lines)
+
+
+def compare(ms: list[dict], subsets=None) -> str:
+  """Several measurements of the same params side by side: relative rate and best lr."""
+  per = [rates(m, subsets) for m in ms]
+  head = " | ".join(f"measurement {chr(97 + i)}: rate, best lr" for i in range(len(ms)))
+  lines = [f"| subset | params | {head} |", "|---|---|" + "---|" * len(ms)]
+  for i, r in enumerate(per[0]):
+    cells = " | ".join(f"{p[i]['relative_rate']:.2f}, {p[i]['lr_star']:.2g}" for p in per)
+    lines.append(f"| {r['subset']} | {r['params']:,} | {cells} |")
   return "\n".join(lines)
 
 
@@ -177,10 +200,18 @@ def main() -> None:
                  help="first batch (training steps' batches offset..): an independent "
                       "measurement takes batches and probes no other one used")
   p.add_argument("--out", default=None, help="write the per-leaf measurements (JSON)")
-  p.add_argument("--load", default=None, help="report a saved JSON instead of measuring")
+  p.add_argument("--load", nargs="+", default=None,
+                 help="report saved JSONs instead of measuring (several: side by side)")
   a = p.parse_args()
+  if a.load and len(a.load) > 1:
+    ms = []
+    for path in a.load:
+      with open(path) as fh:
+        ms.append(json.load(fh))
+    print(compare(ms))
+    return
   if a.load:
-    with open(a.load) as fh:
+    with open(a.load[0]) as fh:
       m = json.load(fh)
   else:
     m = measure(a.task, a.seed, a.batches, a.hvp, a.hvp_seed, a.offset)
