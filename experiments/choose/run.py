@@ -183,11 +183,12 @@ TABLES.update({
     # head alone predicts 1.4-1.5x the rate of every LoRA parameter, the adapters of layers
     # 1-3 alone (head frozen) 2.6-5x. Cosine MeZO, the LoRA baseline's schedule at 4,000
     # passes (5.62e-4), the grid centred on the predicted best constant rate times the
-    # baseline's cosine / constant ratio (about 3), widened until interior; then seeds 1, 2.
+    # baseline's cosine / constant ratio (about 3), widened until interior (two points to
+    # start: a grid of two widens on the side of the better one); then seeds 1, 2.
     "sst2_short_lora_layers": [
-        Grid("sst2_loral123nh_full", "mezo", (-9, -11, -7), ("cosine",), (0,), 4_000, 1_000,
+        Grid("sst2_loral123nh_full", "mezo", (-9, -11), ("cosine",), (0,), 4_000, 1_000,
              MEZO_MU, refine=False, confirm_seeds=(1, 2)),
-        Grid("sst2_loranh_full", "mezo", (-12, -10, -14), ("cosine",), (0,), 4_000, 1_000,
+        Grid("sst2_loranh_full", "mezo", (-12, -10), ("cosine",), (0,), 4_000, 1_000,
              MEZO_MU, refine=False, confirm_seeds=(1, 2))],
     "sst2_ft_k512_mezo": [Grid("sst2_ft_k512", "mezo", (-20, -18, -22, -16, -24),
                                ("cosine",), (0,), 10_000, 1_000, MEZO_MU)],
