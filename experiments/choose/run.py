@@ -176,9 +176,10 @@ TABLES.update({
     # baseline's schedule at 4,000 passes), the grid centred on the predicted rate and
     # widened until interior; then the selected rate at seeds 1 and 2.
     "sst2_short_layers": [
-        Grid(f"sst2_ftl{ls}_full", "mezo", (-17, -19, -15), ("constant",), (0,), 4_000,
+        Grid(f"sst2_ftl{ls}_full", "mezo", exps, ("constant",), (0,), 4_000,
              1_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))
-        for ls in ("123", "23")],
+        # layers 2-3 start from two rates: 1.78e-4 diverged for layers 1-3
+        for ls, exps in (("123", (-17, -19, -15)), ("23", (-17, -19)))],
     # The same for LoRA (zo_rate on sst2_lora_full, two measurements): freezing the probe
     # head alone predicts 1.4-1.5x the rate of every LoRA parameter, the adapters of layers
     # 1-3 alone (head frozen) 2.6-5x. Cosine MeZO, the LoRA baseline's schedule at 4,000
