@@ -180,6 +180,15 @@ TABLES.update({
              1_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))
         # layers 2-3 start from two rates: 1.78e-4 diverged for layers 1-3
         for ls, exps in (("123", (-17, -19, -15)), ("23", (-17, -19)))],
+    # Layers 1-3 at the rate selected at seed 0, and the tuned constant baseline, at seeds 3
+    # and 4: the three goal seeds leave the per-seed ratio to the noise of one run (its
+    # train CE moves by about as much as the expected gain), five paired seeds measure the
+    # mean gain. A table each, so that two queues can run them side by side.
+    "sst2_short_layers_seeds": [Grid("sst2_ftl123_full", "mezo", (-19,), ("constant",), (3, 4),
+                                     4_000, 1_000, MEZO_MU, widen=False, refine=False)],
+    "sst2_short_constant_seeds_34": [Grid("sst2_ft_full", "mezo", (-20,), ("constant",),
+                                          (3, 4), 4_000, 1_000, MEZO_MU, widen=False,
+                                          refine=False)],
     # The same for LoRA (zo_rate on sst2_lora_full, two measurements): freezing the probe
     # head alone predicts 1.4-1.5x the rate of every LoRA parameter, the adapters of layers
     # 1-3 alone (head frozen) 2.6-5x. Cosine MeZO, the LoRA baseline's schedule at 4,000
