@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,15 @@ import optax.tree_utils as otu
 import pytest
 
 from hizoo_jax._src import sampling
+
+
+def xla_env(flags: str, **extra: str) -> dict:
+  """This process's environment for a subprocess, with ``flags`` added to the XLA_FLAGS it
+  already has (tests/conftest.py's, a user's) rather than replacing them."""
+  env = dict(os.environ, **extra)
+  env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+  return env
+
 
 _K = 4096
 _QUANTILES = None

@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.helpers import xla_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -119,8 +121,8 @@ def test_the_block_extraction_sees_every_python_fence():
 @pytest.mark.parametrize("page", _pages_with_python())
 def test_every_python_block_of_the_page_runs(page):
   """The sharding guide's mesh needs 8 devices: every page runs on 8 virtual CPU devices."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+                MPLBACKEND="Agg")
   out = subprocess.run([sys.executable, "-c", _PAGE_RUNNER, page], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
@@ -271,8 +273,7 @@ def test_demo_quick(tmp_path):
 
 @pytest.mark.slow
 def test_sharded_example_smoke_on_8_virtual_devices():
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   for args in (["--mode", "both"], ["--mode", "fsdp", "--optimizer", "hizoo_l"],
                ["--mode", "dp", "--optimizer", "mezo"]):
     out = subprocess.run([sys.executable, "examples/sharded_training.py", "--smoke", *args],

@@ -49,7 +49,7 @@ import hizoo_jax as hz
 from hizoo_jax._src import sampling
 from hizoo_jax._src.methods import lowrank
 from tests import test_engine as engine
-from tests.helpers import lean_step_extra
+from tests.helpers import lean_step_extra, xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 3
@@ -493,8 +493,7 @@ def test_cpu_memory_scheduler_keeps_one_product_at_a_time():
   ``compiler_options`` of ``jax.jit`` do not reach it in jaxlib 0.10) consumes each product
   before it forms the next: SubZero then holds its factors only (0.03 measured) and ZO-Muon
   one leaf's product (0.25 here: four leaves) plus its factors (0.37 measured)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_cpu_enable_concurrency_optimized_scheduler=false")
+  env = xla_env("--xla_cpu_enable_concurrency_optimized_scheduler=false", JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", _SCHEDULER_CHILD.format(root=ROOT)], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -553,8 +552,7 @@ def test_bfloat16_params_train_like_float32(name):
 
 
 def test_fsdp_on_8_virtual_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         "tests/multidevice/test_lowrank_mesh.py"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)

@@ -14,13 +14,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import hizoo_jax as hz
+from tests.helpers import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_multidevice_suite_on_8_virtual_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   # tests/multidevice/test_lowrank_mesh.py runs from tests/test_lowrank.py, in a
   # subprocess of its own (one run of each file, and the two can take both cores).
   out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
