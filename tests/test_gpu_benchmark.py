@@ -6,10 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("mezo", "hizoo", "fzoo", "adam")
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_tiny_table(tmp_path):
   out = tmp_path / "gpu.json"
   # A subprocess: the script's float32 model, not the float64 of tests/conftest.py.

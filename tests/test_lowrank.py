@@ -397,18 +397,28 @@ COMPOSITIONS = {
 }
 
 
-@pytest.mark.parametrize("make", COMPOSITIONS.values(), ids=list(COMPOSITIONS))
-def test_compositions_follow_the_plain_path(make):
-  """lean (top level and as a lax.scan body in a user's jit) against the plain step, in
+# Also traced into a user's jit (tests/test_engine.py says why a subset): fused and matmul
+# products, momentum, injected hyperparameters, masked leaves, MultiSteps, the ordered
+# leaves with and without a chain after the estimate.
+IN_A_USER_JIT = ("lozo_m_then_adam", "subzero_inject_schedule", "zo_muon_masked",
+                 "lozo_multi_steps", "zo_muon_r32", "zo_muon_r32_then_adam")
+assert set(IN_A_USER_JIT) <= set(COMPOSITIONS)
+
+
+@pytest.mark.parametrize("name", list(COMPOSITIONS))
+def test_compositions_follow_the_plain_path(name):
+  """lean (top level, and as a lax.scan body in a user's jit) against the plain step, in
   float64 with restore="exact": the same arithmetic in different XLA programs. The float32
   products of the factors may round differently there (another fusion, FMA): ~eps32 =
   1.2e-7 of an update's scale (~1e-2 per element: an absolute 1e-9; measured 4.3e-9 on an
   Adam moment), relative to small elements more: rtol 1e-5, atol 1e-7. A wrong step moves
   the params by ~lr = 1e-2."""
+  make = COMPOSITIONS[name]
   reference = engine.run_plain(make())
   tol = dict(rtol=1e-5, atol=1e-7)
   chex.assert_trees_all_close(engine.run(make()), reference, **tol)
-  chex.assert_trees_all_close(engine.run_scan(make()), reference, **tol)
+  if name in IN_A_USER_JIT:
+    chex.assert_trees_all_close(engine.run_scan(make()), reference, **tol)
   moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
       jax.tree.leaves(reference[0]), jax.tree.leaves(engine.mlp()), strict=True))
   assert moved > 1e-5, moved
@@ -485,6 +495,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_cpu_memory_scheduler_keeps_one_product_at_a_time():
   """XLA:CPU's default scheduler is concurrency-optimised: it runs each operation for every
   leaf before the next one, so all the leaves' products are alive together (the numbers
@@ -551,6 +562,7 @@ def test_bfloat16_params_train_like_float32(name):
 # --- sharding: 8 virtual devices, in a subprocess -----------------------------------------
 
 
+@pytest.mark.slow
 def test_fsdp_on_8_virtual_devices():
   env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

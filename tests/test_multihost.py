@@ -101,6 +101,7 @@ def _wait(procs):
   return outs
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
   port = _free_port()
   t0 = time.monotonic()

@@ -19,6 +19,7 @@ from tests.helpers import xla_env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_multidevice_suite_on_8_virtual_devices():
   env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   # tests/multidevice/test_lowrank_mesh.py runs from tests/test_lowrank.py, in a

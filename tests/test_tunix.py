@@ -251,6 +251,7 @@ def _run_worker(ckpt: str, steps: int, kill_at: int | None, out: str | None) -> 
       json.dump({"start": start}, fh)
 
 
+@pytest.mark.slow
 def test_checkpoint_kill_and_resume_give_the_uninterrupted_run(tmp_path):
   """A HiZOO run killed at the end of step 3 (last checkpoint: step 2) and resumed by a new
   trainer in another process gives the params and optimizer state (PRNG key, Hessian,
@@ -397,6 +398,7 @@ def _loss_line(stdout: str) -> tuple[float, float]:
   return float(a), float(b)
 
 
+@pytest.mark.slow
 def test_example_smoke_learns():
   """``finetune_tunix.py --smoke``: a tiny random Qwen 3 of Tunix's class, qwix LoRA, HiZOO
   through ZOPeftTrainer; 100 steps take the loss of its 32 training prompts from 0.73 to
