@@ -55,7 +55,7 @@ collect_ignore = ["multidevice"]
 
 
 def pytest_collection_modifyitems(config, items):
-  """Tests marked ``slow`` (a minute or so each: the 8-device suites, the examples, the
+  """Tests marked ``slow`` (half a minute or more each: the 8-device suites, the examples, the
   notebooks) run first. pytest-xdist hands tests out in collection order, so a long test
   collected late can run alone at the end while the other worker has nothing left to do."""
   del config
