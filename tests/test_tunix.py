@@ -127,27 +127,38 @@ OPTIMIZERS = {
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_trainer_gives_the_params_of_make_train_step(name):
-  """Same loss, seed and batches: the same params, losses and logged projected gradients,
-  bit for bit (the same traced operations, once inside Tunix's nnx.jit, once at top level),
-  and no grad_norm logged."""
+  """Same loss, seed and batches: the same params, state, losses and logged projected
+  gradients (the same traced operations, once inside Tunix's nnx.jit, once at top level),
+  and no grad_norm logged.
+
+  The two are different XLA programs, which may fuse and round differently in the last
+  bit; in float32 HiZOO's second difference over mu^2 = 1e-4 turns that into ~1e-6 of a
+  param (measured up to 5e-6 under the suite's compiler flags), too close to a real step
+  to tell apart. So the model runs in float64: a loss rounds at ~1e-15 relative, the
+  estimate divides a difference of losses (~4) by 2 mu = 2e-2 (~2e-13 absolute) and the
+  curvature one by 2 mu^2 (~1e-11 relative in c and H), and six steps of lr 1e-2 leave
+  params within ~1e-13 (measured 6e-17). A wrong step (other noise, a missed restore, the
+  wrong mu or lr) moves them by ~lr |g| ~ 1e-3 (six steps move them by 0.02-0.25).
+  """
   data = batches(6)
-  model = tiny_qwen3()
+  model = tiny_qwen3(dtype=jnp.float64)
   t = trainer(model, OPTIMIZERS[name](), steps=6)
   t.train(data)
-  want_params, want_state, want_losses, want_grads = reference(tiny_qwen3(), OPTIMIZERS[name](),
-                                                               data)
-  chex.assert_trees_all_equal(trained(model), want_params)
-  chex.assert_trees_all_equal(nnx.as_pure(t.optimizer.opt_state), want_state)
+  want_params, want_state, want_losses, want_grads = reference(
+      tiny_qwen3(dtype=jnp.float64), OPTIMIZERS[name](), data)
+  chex.assert_trees_all_close(trained(model), want_params, rtol=1e-9, atol=1e-12)
+  chex.assert_trees_all_close(nnx.as_pure(t.optimizer.opt_state), want_state, rtol=1e-9,
+                              atol=1e-12)
   log = t.metrics_logger
-  np.testing.assert_array_equal(log.get_metric_history("", "loss", "train"),
-                                np.float32(want_losses))
-  np.testing.assert_array_equal(log.get_metric_history("", zt.ZO_METRIC, "train"),
-                                np.float32(want_grads))
+  np.testing.assert_allclose(log.get_metric_history("", "loss", "train"), want_losses,
+                             rtol=1e-12)
+  np.testing.assert_allclose(log.get_metric_history("", zt.ZO_METRIC, "train"), want_grads,
+                             rtol=1e-9, atol=1e-10)
   assert not log.metric_exists("", "grad_norm", "train")
   assert int(t.optimizer.step[...]) == 6 == t.train_steps
   if name == "schedule":  # the injected learning rate, logged as for a first-order run
-    fo = peft_trainer.PeftTrainer(tiny_qwen3(), optax.inject_hyperparams(optax.sgd)(
-        learning_rate=optax.cosine_decay_schedule(1e-2, 6)), config(6))
+    sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=optax.cosine_decay_schedule(1e-2, 6))
+    fo = peft_trainer.PeftTrainer(tiny_qwen3(dtype=jnp.float64), sgd, config(6))
     fo.with_gen_model_input_fn(gen_model_input).train(data)
     lrs = log.get_metric_history("", "learning_rate", "train")
     assert len(lrs) == 6 and lrs[0] < 1e-2  # Tunix reads it after the next step
