@@ -269,7 +269,14 @@ class SST2:
     if self.mode == "lora":
       peft.apply_lora(model, rank=8, alpha=16.0, rngs=nnx.Rngs(seed))
     clf = heads.SequenceClassifier(model, model.config.hidden_size, 2, pooling="mean")
-    wrt = peft.trainable_filter(self.mode, layers=self.layers, head=self.head)
+    # Only a subset passes layers/head: the tables that train every parameter resume with
+    # the hizoo_jax of the commit they started with (CHOOSE_REF), older than these arguments.
+    subset = {}
+    if self.layers is not None:
+      subset["layers"] = self.layers
+    if not self.head:
+      subset["head"] = False
+    wrt = peft.trainable_filter(self.mode, **subset)
     info = {"mode": self.mode, "data": self.data, "n_train": len(train[2]),
             "n_val": len(val[2]), "n_train_eval": len(train_eval[2]), "n_test": len(test[2]),
             "max_length": self.max_length, "batch_size": self.batch_size}
