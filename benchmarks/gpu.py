@@ -242,8 +242,9 @@ def format_row(r):
           f"**{q[1]:.2f}** ({q[0]:.2f}-{q[2]:.2f}) | {comp} | {live} |")
 
 
-def run_model(name, methods, args, live):
-  """Every method's row for one model."""
+def run_model(name, methods, args, live, on_row=None):
+  """Every method's row for one model; ``on_row(info, rows)`` after each row (the JSON is
+  written as the table grows, so that a call cut off by a time limit keeps its rows)."""
   inference_peak = live_peak(name, "inference", args) if live else None
   model = build(name, args.llama_batch, args.llama_length)
   info = dict(model.info)
@@ -286,6 +287,8 @@ def run_model(name, methods, args, live):
                    live_ratio=peak / inference_peak)
     rows.append(row)
     print(format_row(row), flush=True)
+    if on_row is not None:
+      on_row(info, rows)
   return info, rows
 
 
@@ -328,10 +331,14 @@ def main(argv=None):
     kept = [r for r in prev.get("rows", []) if (r["model"], r["method"]) not in now]
     out["models"] = dict(prev.get("models", {}))
   for name in models:
-    info, rows = run_model(name, args.methods, args, live)
+
+    def on_row(info, rows, name=name):
+      write_json(args.out, dict(out, models=dict(out["models"], **{name: info}),
+                                rows=kept + out["rows"] + rows))
+
+    info, rows = run_model(name, args.methods, args, live, on_row)
     out["models"][name] = info
     out["rows"].extend(rows)
-    write_json(args.out, dict(out, rows=kept + out["rows"]))  # after each model
   out["rows"] = kept + out["rows"]
   if kept:
     print("\nThe whole table (rows of earlier calls included):\n")

@@ -50,28 +50,37 @@ def _run(code: str, timeout=600):
                         text=True, timeout=timeout)
 
 
-# Every Python block of the README and the docs runs, in order, each page in one fresh
-# process where a block sees what the blocks before it on its page defined. A block that
+# Every Python block of the README and the docs runs, in order; a block sees what the blocks
+# before it on its page defined, and each page starts from a fresh namespace. A block that
 # needs what CI does not have (weights, data sets) is skipped only when the line before it
 # says so, visibly in the Markdown source: <!-- docs-test: skip (the reason) -->.
+# The pages share one fresh process (starting Python with JAX, Flax and the package costs a
+# few seconds a page, a third of the pages' time), except those that change process-wide
+# state, which get one of their own: the sharding guide sets a global mesh (jax.set_mesh).
 SKIP_MARKER = re.compile(r"<!--\s*docs-test:\s*skip\s*\((.+?)\)\s*-->\s*$")
+OWN_PROCESS = ("docs/guides/sharding.md",)
 _PAGE_RUNNER = r"""
 import sys, time, traceback
 sys.path.insert(0, "tests")
 from test_docs import python_blocks
-page = sys.argv[1]
-ns = {"__name__": "__docs__"}
-for line, code, skip in python_blocks(open(page).read()):
-  if skip:
-    print(f"{page}:{line}: skipped ({skip})")
-    continue
-  t = time.time()
-  try:
-    exec(compile(code, f"{page}:{line}", "exec"), ns)
-  except BaseException:
-    print(f"{page}:{line}: FAILED\n{traceback.format_exc()}")
-    sys.exit(1)
-  print(f"{page}:{line}: ok ({time.time() - t:.1f} s)")
+failed = []
+for page in sys.argv[1:]:
+  ns = {"__name__": "__docs__"}
+  for line, code, skip in python_blocks(open(page).read()):
+    if skip:
+      print(f"{page}:{line}: skipped ({skip})")
+      continue
+    t = time.time()
+    try:
+      exec(compile(code, f"{page}:{line}", "exec"), ns)
+    except BaseException:
+      print(f"{page}:{line}: FAILED\n{traceback.format_exc()}")
+      failed.append(f"{page}:{line}")
+      break  # the page's later blocks build on this one
+    print(f"{page}:{line}: ok ({time.time() - t:.1f} s)")
+if failed:
+  print("failed: " + ", ".join(failed))
+  sys.exit(1)
 """
 
 
@@ -118,14 +127,20 @@ def test_the_block_extraction_sees_every_python_fence():
   assert "README.md" in _pages_with_python() and len(_pages_with_python()) >= 8
 
 
-@pytest.mark.parametrize("page", _pages_with_python())
-def test_every_python_block_of_the_page_runs(page):
-  """The sharding guide's mesh needs 8 devices: every page runs on 8 virtual CPU devices."""
+@pytest.mark.parametrize("group", ["shared"] + list(OWN_PROCESS))
+def test_every_python_block_of_the_pages_runs(group):
+  """Every page with Python blocks (``OWN_PROCESS`` ones alone, the others in one process).
+  The sharding guide's mesh needs 8 devices: every page runs on 8 virtual CPU devices."""
+  pages = ([p for p in _pages_with_python() if p not in OWN_PROCESS] if group == "shared"
+           else [group])
+  assert pages and all(p in _pages_with_python() for p in pages), pages
   env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
                 MPLBACKEND="Agg")
-  out = subprocess.run([sys.executable, "-c", _PAGE_RUNNER, page], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
+  out = subprocess.run([sys.executable, "-c", _PAGE_RUNNER, *pages], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1200)
   assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+  for page in pages:  # every page ran: each block says ok or skipped
+    assert f"{page}:" in out.stdout, (page, out.stdout[-3000:])
 
 
 def test_readme_quickstart_runs_and_learns():
