@@ -9,6 +9,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "benchmarks"))
 import common  # noqa: E402
 
+from tests.helpers import requires_minilm  # noqa: E402
+
 
 class FakeClock:
   """``perf_counter`` that only moves when a timed function says so."""
@@ -45,3 +47,31 @@ def test_time_paired_alternates_and_pairs_ratios(monkeypatch):
 def test_quartiles():
   assert common.quartiles([5.0, 1.0, 4.0, 2.0, 3.0]) == (2.0, 3.0, 4.0)
   assert common.quartiles([1.0, 2.0]) == (1.25, 1.5, 1.75)
+
+
+@requires_minilm
+def test_pack_minilm_stores_the_weights_in_float16_and_loads_as_float32(tmp_path):
+  import jax
+  import numpy as np
+  import pack_minilm
+  from flax import nnx
+  from safetensors.numpy import load_file
+
+  from hizoo_jax.models import bert
+
+  out = pack_minilm.pack(str(tmp_path))
+  assert out == str(tmp_path / bert.MINILM_PACKAGE / "model")
+  original = load_file(os.path.join(bert.minilm_path(), "model.safetensors"))
+  packed = load_file(os.path.join(out, "model.safetensors"))
+  assert sorted(packed) == sorted(original)
+  for name, x in original.items():
+    if x.dtype == np.float32:
+      assert packed[name].dtype == np.float16
+      np.testing.assert_array_equal(packed[name], x.astype(np.float16))
+    else:  # the position ids
+      np.testing.assert_array_equal(packed[name], x)
+  assert os.path.getsize(os.path.join(out, "model.safetensors")) < 48 * 2**20
+  model = bert.from_pretrained(out)  # the tokenizer and config travel with it
+  leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+  assert leaves and all(x.dtype == np.float32 for x in leaves)
+  assert bert.load_tokenizer(out).encode("a test").ids[0] == 101  # [CLS]
