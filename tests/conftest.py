@@ -71,3 +71,38 @@ def pytest_collection_modifyitems(config, items):
   collected late can run alone at the end while the other worker has nothing left to do."""
   del config
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
+def usable_cpus() -> int:
+  """The CPUs this process may run on: its affinity mask, capped by a cgroup CPU quota (a
+  container's ``--cpus``), which the mask does not show."""
+  n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  n = n or 1
+  for path, read in (("/sys/fs/cgroup/cpu.max", lambda s: s.split()),  # cgroup v2
+                     ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", None)):  # cgroup v1
+    try:
+      with open(path) as fh:
+        text = fh.read()
+      if read is not None:
+        quota, period = read(text)
+      else:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as fh:
+          quota, period = text.strip(), fh.read().strip()
+      if quota not in ("max", "-1") and int(period) > 0:
+        n = min(n, max(1, -(-int(quota) // int(period))))
+      break
+    except (OSError, ValueError):
+      continue
+  return n
+
+
+def pytest_xdist_auto_num_workers(config):
+  """``-n auto``: one worker per usable CPU. pytest-xdist's own count is psutil's physical
+  cores where psutil is installed (the test extras pull it in): a VM whose 2 vCPUs are the 2
+  hyperthreads of one core reads 1 and would run the suite on one worker, and a container
+  limited to 2 CPUs of a large host reads the host's cores and would start dozens, each
+  compiling on its own. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` and ``-n logical`` keep their
+  meaning."""
+  if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or config.option.numprocesses != "auto":
+    return None
+  return usable_cpus()
