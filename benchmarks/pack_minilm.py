@@ -10,8 +10,9 @@ and the tokenizer and config files unchanged:
 
 ``bert.minilm_path()`` finds the package on ``PYTHONPATH`` and ``bert.from_pretrained``
 casts every weight to float32 as it loads, so nothing else changes. The float16 rounding
-moves each weight by at most 2^-11 of its magnitude (the largest change relative to a
-tensor's largest entry: 4.5e-4): it changes no step's cost, but a loss measured on the
+moves each weight of magnitude above 6.1e-5 (float16's normal range) by at most 2^-11 of
+it, and smaller ones by at most 3e-8 (the largest change relative to a tensor's largest
+entry, measured on this checkpoint: 4.5e-4): it changes no step's cost, but a loss measured on the
 packed weights is not the loss on the original ones; say so next to any such number.
 Integer tensors (the position ids) are kept as they are.
 """
