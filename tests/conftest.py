@@ -10,6 +10,8 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 # One XLA compilation cache for the whole test session: this process, the pytest-xdist
 # workers it starts and the subprocesses the tests start (the examples, the notebooks, the
 # 8-device suites) all inherit the environment. Many tests compile the same programs (the
@@ -96,6 +98,7 @@ def usable_cpus() -> int:
   return n
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist must still load
 def pytest_xdist_auto_num_workers(config):
   """``-n auto``: one worker per usable CPU. pytest-xdist's own count is psutil's physical
   cores where psutil is installed (the test extras pull it in): a VM whose 2 vCPUs are the 2

@@ -154,8 +154,33 @@ def make_schedule(kind: str, lr: float, horizon: int) -> optax.Schedule:
                    f"got {kind!r}")
 
 
+# Optax stages a table can put between a method's estimate and its learning rate (option
+# ``then``, with the stage's own arguments beside it), composed the way a user would:
+# ``optax.chain(hz.scale_by_zo(mu=1e-3), optax.scale_by_adam(), optax.scale_by_learning_rate
+# (lr))``. ``trace`` is heavy-ball momentum (``decay``, ``nesterov``), ``adam`` Adam's moments
+# (``b1``, ``b2``, ``eps``). Each costs params-sized state (one and two buffers).
+THEN: dict[str, tuple[Callable[..., optax.GradientTransformation], tuple[str, ...]]] = {
+    "trace": (optax.trace, ("decay", "nesterov")),
+    "adam": (optax.scale_by_adam, ("b1", "b2", "eps")),
+}
+# The estimate behind an alias (``hz.mezo`` is ``hz.scale_by_zo`` then the learning rate).
+ESTIMATES = {"mezo": "scale_by_zo"}
+
+
 def build_tx(method: str, learning_rate: Any, options: dict, seed: int):
-  """``hz.<method>(learning_rate, **options)`` with the run's noise seed when it takes one."""
+  """``hz.<method>(learning_rate, **options)`` with the run's noise seed when it takes one;
+  with ``options["then"]``, ``optax.chain(hz.scale_by_<method>(...), <stage>,
+  optax.scale_by_learning_rate(learning_rate))`` (``THEN``)."""
+  if "then" in options:
+    kw = dict(options)
+    stage = kw.pop("then")
+    if stage not in THEN:
+      raise ValueError(f"then must be one of {sorted(THEN)}, got {stage!r}")
+    make, names = THEN[stage]
+    stage_kw = {k: kw.pop(k) for k in names if k in kw}
+    estimate = build_tx(ESTIMATES.get(method, f"scale_by_{method}"), None, kw, seed)
+    return optax.chain(estimate, make(**stage_kw),
+                       optax.scale_by_learning_rate(learning_rate))
   fn = public(method)
   try:
     params = inspect.signature(fn).parameters
@@ -166,7 +191,7 @@ def build_tx(method: str, learning_rate: Any, options: dict, seed: int):
   kw = dict(options)
   if takes_seed and "seed" not in kw:
     kw["seed"] = seed
-  return fn(learning_rate, **kw)
+  return fn(**kw) if learning_rate is None else fn(learning_rate, **kw)
 
 
 def read_counter(opt_state) -> int | None:

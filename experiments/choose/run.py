@@ -247,6 +247,23 @@ TABLES.update({
         Grid("digits", "lozo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
              2_000, (("mu", 1e-3), ("rank", 2)), "_r2"),
     ],
+    # What an Optax chain adds to the estimate (the library's compositions, harness.THEN),
+    # and the control FZOO's gain needs: MeZO averaging 8 probes a step, like FZOO's 8, but
+    # without its normalisation. All with the baseline's schedule (cosine decay to 30%).
+    # Heavy-ball momentum (decay 0.9, no dampening) multiplies the step by up to 10, so its
+    # grids sit a decade below their method's tuned rate (MeZO 1.78e-3, FZOO 1e-2); Adam's
+    # step per coordinate is about its learning rate, whatever the estimate's scale.
+    "digits_compose": [
+        Grid("digits", "mezo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("mu", 1e-3), ("then", "adam")), "_adam"),
+        Grid("digits", "mezo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("mu", 1e-3), ("num_directions", 8)), "_n8"),
+        Grid("digits", "mezo", tuple(range(-20, -7, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("decay", 0.9), ("mu", 1e-3), ("then", "trace")), "_mom0.9"),
+        Grid("digits", "fzoo", tuple(range(-20, -7, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
+             "_n8_mom0.9"),
+    ],
     # SST-2 full fine-tuning at a budget two cores can run in a session (4,000 forward
     # passes, ~20 min a run): the tuned baseline (MeZO, cosine decay) against the method
     # that beat it on digits (FZOO, 8 probes, same schedule), seed 0. Grid centres from the
