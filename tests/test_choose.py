@@ -95,7 +95,8 @@ def test_optax_stage_between_estimate_and_learning_rate(tmp_path):
   params = {"w": jnp.arange(6.0).reshape(2, 3) / 7, "b": jnp.ones(3) / 3}
   x = jnp.full((2, 3), 0.25)
   for opts, stage in (({"then": "adam", "b1": 0.8}, optax.scale_by_adam(b1=0.8)),
-                      ({"then": "trace", "decay": 0.9}, optax.trace(decay=0.9))):
+                      ({"then": "trace", "decay": 0.9}, optax.trace(decay=0.9)),
+                      ({"then": "global_rms", "decay": 0.9}, hz.scale_by_global_rms(0.9))):
     built = harness.build_tx("mezo", 1e-2, {"mu": 1e-3, **opts}, seed=3)
     hand = optax.chain(hz.scale_by_zo(mu=1e-3, seed=3), stage,
                        optax.scale_by_learning_rate(1e-2))

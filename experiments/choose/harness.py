@@ -158,10 +158,12 @@ def make_schedule(kind: str, lr: float, horizon: int) -> optax.Schedule:
 # ``then``, with the stage's own arguments beside it), composed the way a user would:
 # ``optax.chain(hz.scale_by_zo(mu=1e-3), optax.scale_by_adam(), optax.scale_by_learning_rate
 # (lr))``. ``trace`` is heavy-ball momentum (``decay``, ``nesterov``), ``adam`` Adam's moments
-# (``b1``, ``b2``, ``eps``). Each costs params-sized state (one and two buffers).
+# (``b1``, ``b2``, ``eps``), each with params-sized state (one and two buffers);
+# ``global_rms`` the library's scalar second moment (``decay``, ``eps``; two scalars).
 THEN: dict[str, tuple[Callable[..., optax.GradientTransformation], tuple[str, ...]]] = {
     "trace": (optax.trace, ("decay", "nesterov")),
     "adam": (optax.scale_by_adam, ("b1", "b2", "eps")),
+    "global_rms": (hz.scale_by_global_rms, ("decay", "eps")),
 }
 # The estimate behind an alias (``hz.mezo`` is ``hz.scale_by_zo`` then the learning rate).
 ESTIMATES = {"mezo": "scale_by_zo"}

@@ -264,6 +264,13 @@ TABLES.update({
              2_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
              "_n8_mom0.9"),
     ],
+    # Adam's normalisation at SGD's memory: the library's global second moment (one scalar
+    # for the whole estimate, hz.scale_by_global_rms) after MeZO's estimate. Its own table,
+    # so that a second queue runs it beside digits_compose.
+    "digits_compose_rms": [
+        Grid("digits", "mezo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("mu", 1e-3), ("then", "global_rms")), "_grms"),
+    ],
     # SST-2 full fine-tuning at a budget two cores can run in a session (4,000 forward
     # passes, ~20 min a run): the tuned baseline (MeZO, cosine decay) against the method
     # that beat it on digits (FZOO, 8 probes, same schedule), seed 0. Grid centres from the
