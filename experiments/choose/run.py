@@ -359,8 +359,6 @@ TABLES.update({
     "sst2_short_lora_mezo_cosine": [Grid("sst2_lora_full", "mezo", (-13, -11, -15),
                                          ("cosine",), (0,), 4_000, 1_000, MEZO_MU,
                                          refine=False)],
-    # The harness on an accelerator: the two tuned SST-2 baselines at seed 0, as run on the
-    # CPU (same configs), for seconds per forward pass and the curve on another device.
     # FZOO with heavy-ball momentum (the one Optax stage that gained on digits) on SST-2
     # LoRA, at the rate equivalent to FZOO's tuned one there (1.78e-3 x (1 - 0.9)), three
     # paired seeds. Not tuned itself (a grid is 3 runs more than a session's cores allowed):
@@ -370,6 +368,8 @@ TABLES.update({
                                       (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8),
                                        ("then", "trace")), "_n8_mom0.9", widen=False,
                                       refine=False)],
+    # The harness on an accelerator: the two tuned SST-2 baselines at seed 0, as run on the
+    # CPU (same configs), for seconds per forward pass and the curve on another device.
     "gpu_sst2": [Grid("sst2_ft_full", "mezo", (-20,), ("constant",), (0,), 4_000, 1_000,
                       MEZO_MU, widen=False, refine=False),
                  Grid("sst2_lora_full", "mezo", (-13,), ("cosine",), (0,), 4_000, 1_000,
