@@ -264,6 +264,23 @@ TABLES.update({
              2_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
              "_n8_mom0.9"),
     ],
+    # After FZOO (8 probes, cosine to 30%), the one estimate momentum helped on digits: a
+    # longer memory (0.95, a grid half a decade lower), Nesterov's look-ahead at 0.9, Adam
+    # (per-coordinate normalisation of an already normalised estimate) and 16 probes with
+    # momentum 0.9; does any of them reach the tuned baseline's loss in half its passes?
+    "digits_compose_fzoo": [
+        Grid("digits", "fzoo", tuple(range(-22, -9, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("decay", 0.95), ("mu", 1e-3), ("num_directions", 8),
+                     ("then", "trace")), "_n8_mom0.95"),
+        Grid("digits", "fzoo", tuple(range(-20, -7, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("decay", 0.9), ("mu", 1e-3), ("nesterov", True), ("num_directions", 8),
+                     ("then", "trace")), "_n8_nest0.9"),
+        Grid("digits", "fzoo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("mu", 1e-3), ("num_directions", 8), ("then", "adam")), "_n8_adam"),
+        Grid("digits", "fzoo", tuple(range(-20, -7, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 16), ("then", "trace")),
+             "_n16_mom0.9"),
+    ],
     # Adam's normalisation at SGD's memory: the library's global second moment (one scalar
     # for the whole estimate, hz.scale_by_global_rms) after MeZO's estimate. Its own table,
     # so that a second queue runs it beside digits_compose.
