@@ -296,6 +296,15 @@ TABLES.update({
         Grid("digits", "mezo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 18_000,
              1_000, MEZO_MU),
     ],
+    # The schedule search the baseline had, for the best digits row (FZOO 8 probes +
+    # momentum 0.9, tuned so far only under the baseline's cosine to 30%): cosine and
+    # linear decay to 0, cosine to 10% and to 50% of the peak.
+    "digits_fzoo_sched": [
+        Grid("digits", "fzoo", tuple(range(-20, -7, 2)),
+             ("cosine", "linear", "cosine_f0.1", "cosine_f0.5"), (0, 1, 2), 40_000,
+             2_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
+             "_n8_mom0.9"),
+    ],
     # Adam's normalisation at SGD's memory: the library's global second moment (one scalar
     # for the whole estimate, hz.scale_by_global_rms) after MeZO's estimate. Its own table,
     # so that a second queue runs it beside digits_compose.
