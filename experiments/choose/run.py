@@ -298,10 +298,11 @@ TABLES.update({
     ],
     # The schedule search the baseline had, for the best digits row (FZOO 8 probes +
     # momentum 0.9, tuned so far only under the baseline's cosine to 30%): cosine and
-    # linear decay to 0, cosine to 10% and to 50% of the peak.
+    # linear decay to 0, cosine to 10% and to 50% of the peak (its cosine-to-30% runs are
+    # digits_compose's, reused).
     "digits_fzoo_sched": [
         Grid("digits", "fzoo", tuple(range(-20, -7, 2)),
-             ("cosine", "linear", "cosine_f0.1", "cosine_f0.5"), (0, 1, 2), 40_000,
+             ("cosine_f0.3", "cosine", "linear", "cosine_f0.1", "cosine_f0.5"), (0, 1, 2), 40_000,
              2_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
              "_n8_mom0.9"),
     ],
