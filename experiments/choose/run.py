@@ -296,6 +296,14 @@ TABLES.update({
         Grid("digits", "mezo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 18_000,
              1_000, MEZO_MU),
     ],
+    # Momentum 0.95 after FZOO beat 0.9 (0.52-0.60 of the baseline's passes against
+    # 0.56-0.65): longer memories, 0.98 and 0.99. The selected rates so far keep
+    # lr / (1 - decay) near FZOO's tuned 10^-2, so the grids are centred on 2e-4 and 1e-4.
+    "digits_compose_fzoo_mom": [
+        Grid("digits", "fzoo", tuple(range(-24, -11, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
+             2_000, (("decay", d), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
+             f"_n8_mom{d}") for d in (0.98, 0.99)
+    ],
     # The schedule search the baseline had, for the best digits row (FZOO 8 probes +
     # momentum 0.9, tuned so far only under the baseline's cosine to 30%): cosine and
     # linear decay to 0, cosine to 10% and to 50% of the peak (its cosine-to-30% runs are
