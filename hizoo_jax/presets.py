@@ -203,8 +203,9 @@ def fzoo(peak_lr: float, total_steps: int, *, num_directions: int = 8,
   than MeZO's: on digits its best peak was about 5.6 times MeZO's. Heavy-ball momentum
   chained after the estimate (``optax.chain(hz.scale_by_fzoo(), optax.trace(0.9),
   optax.scale_by_learning_rate(schedule))``, at a tenth of the rate) ended lower on every
-  digits seed (0.56-0.65 of the baseline's passes) but level with FZOO on SST-2 LoRA, at
-  the cost of a params-sized buffer, so it is not part of this preset.
+  digits seed (0.56-0.65 of the baseline's passes; decay 0.95 at about a twentieth of
+  the rate: 0.52-0.60) but level with FZOO on SST-2 LoRA, at the cost of a params-sized
+  buffer, so it is not part of this preset.
 
   Args:
     peak_lr: the learning rate at step 0.
