@@ -298,7 +298,8 @@ TABLES.update({
     ],
     # Momentum 0.95 after FZOO beat 0.9 (0.52-0.60 of the baseline's passes against
     # 0.56-0.65): longer memories, 0.98 and 0.99. The selected rates so far keep
-    # lr / (1 - decay) near FZOO's tuned 10^-2, so the grids are centred on 2e-4 and 1e-4.
+    # lr / (1 - decay) near FZOO's tuned 10^-2, which predicts 2e-4 and 1e-4; the grid
+    # (1e-6 .. 3.16e-4, widened if its best is at an edge) holds both below its top.
     "digits_compose_fzoo_mom": [
         Grid("digits", "fzoo", tuple(range(-24, -11, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
              2_000, (("decay", d), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
