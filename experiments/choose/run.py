@@ -85,6 +85,8 @@ class Grid:
 
 
 MEZO_MU = (("mu", 1e-3),)
+# FZOO with 8 probes and heavy-ball momentum 0.9 chained after it (harness.THEN).
+FZOO_MOM = (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace"))
 TABLES: dict[str, list[Grid]] = {
     # CI: a tiny budget end to end (tests/test_choose.py runs it).
     "smoke": [Grid("digits", "mezo", (-12, -8), ("constant", "cosine"), (0,), 200, 100,
@@ -261,8 +263,7 @@ TABLES.update({
         Grid("digits", "mezo", tuple(range(-20, -7, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
              2_000, (("decay", 0.9), ("mu", 1e-3), ("then", "trace")), "_mom0.9"),
         Grid("digits", "fzoo", tuple(range(-20, -7, 2)), ("cosine_f0.3",), (0, 1, 2), 40_000,
-             2_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
-             "_n8_mom0.9"),
+             2_000, FZOO_MOM, "_n8_mom0.9"),
     ],
     # After FZOO (8 probes, cosine to 30%), the one estimate momentum helped on digits: a
     # longer memory (0.95, a grid half a decade lower), Nesterov's look-ahead at 0.9, Adam
@@ -289,8 +290,7 @@ TABLES.update({
     # (does a shorter schedule alone get there?).
     "digits_half": [
         Grid("digits", "fzoo", tuple(range(-20, -7, 2)), ("cosine_f0.3",), (0, 1, 2), 18_000,
-             1_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
-             "_n8_mom0.9"),
+             1_000, FZOO_MOM, "_n8_mom0.9"),
         Grid("digits", "fzoo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 18_000,
              1_000, (("mu", 1e-3), ("num_directions", 8)), "_n8"),
         Grid("digits", "mezo", tuple(range(-16, -3, 2)), ("cosine_f0.3",), (0, 1, 2), 18_000,
@@ -312,8 +312,7 @@ TABLES.update({
     "digits_fzoo_sched": [
         Grid("digits", "fzoo", tuple(range(-20, -7, 2)),
              ("cosine_f0.3", "cosine", "linear", "cosine_f0.1", "cosine_f0.5"), (0, 1, 2), 40_000,
-             2_000, (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8), ("then", "trace")),
-             "_n8_mom0.9"),
+             2_000, FZOO_MOM, "_n8_mom0.9"),
     ],
     # Adam's normalisation at SGD's memory: the library's global second moment (one scalar
     # for the whole estimate, hz.scale_by_global_rms) after MeZO's estimate. Its own table,
@@ -415,10 +414,8 @@ TABLES.update({
     # paired seeds. Not tuned itself (a grid is 3 runs more than a session's cores allowed):
     # a check of whether the digits gain carries over, in favour of the tuned FZOO rows.
     "sst2_short_lora_fzoo_mom": [Grid("sst2_lora_full", "fzoo", (-15,), ("constant",),
-                                      (0, 1, 2), 4_000, 1_000,
-                                      (("decay", 0.9), ("mu", 1e-3), ("num_directions", 8),
-                                       ("then", "trace")), "_n8_mom0.9", widen=False,
-                                      refine=False)],
+                                      (0, 1, 2), 4_000, 1_000, FZOO_MOM, "_n8_mom0.9",
+                                      widen=False, refine=False)],
     # The harness on an accelerator: the two tuned SST-2 baselines at seed 0, as run on the
     # CPU (same configs), for seconds per forward pass and the curve on another device.
     "gpu_sst2": [Grid("sst2_ft_full", "mezo", (-20,), ("constant",), (0,), 4_000, 1_000,
