@@ -73,12 +73,12 @@ def amplification(name: str, losses) -> float:
   return float(np.max(np.abs(losses))) / (MU ** 2 if "hizoo" in name else MU)
 
 
-def assert_same_run(p, p_ref, name, losses, start=None):
+def assert_same_run(p, p_ref, name, losses):
   """``p`` and ``p_ref``: the same run computed by two programs. They may part by the
   rounding of the loss, amplified (``amplification``), relative to how far the params
   moved; any real difference (a wrong restore, another probe) is of the size of the step
   itself, ~1e4 times or more above this bound."""
-  start = mlp([8, 16, 16, 4]) if start is None else start
+  start = mlp([8, 16, 16, 4])  # where run() starts
   moved = max(float(np.max(np.abs(a - b)))
               for a, b in zip(jax.tree.leaves(p_ref), jax.tree.leaves(start), strict=True))
   atol = ULPS * np.finfo(np.float64).eps * amplification(name, losses) * moved

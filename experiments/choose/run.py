@@ -323,11 +323,11 @@ TABLES.update({
     ],
     # Half the baseline's passes exactly (19,998 = 2,222 FZOO steps of 9 passes), tuned for
     # it. At 18,000 FZOO 8 probes (cosine to 30%) ended at train 0.1030, 0.0858, 0.1112
-    # against the baseline's 0.0994, 0.0885, 0.1013: the 11% more passes, and a schedule
-    # that decays to 0 (the lowest final loss for a fixed budget, where selection allows
-    # it), are what is left between it and the goal. Predicted before running: cosine to
-    # 30% reaches on two seeds of three, cosine to 0 on all three; momentum 0.95 (the best
-    # 40,000-pass row) no better than without (0.9 did not help at 18,000).
+    # against the baseline's 0.0994, 0.0885, 0.1013: the 11% more passes, and perhaps a
+    # schedule that decays to 0, are what is left between it and the goal. Predicted before
+    # running: cosine to 30% reaches on two seeds of three, cosine to 0 on all three;
+    # momentum 0.95 (the best 40,000-pass row) no better than without (0.9 did not help at
+    # 18,000). Measured: both wrong (docs/results/choosing.md, "Exactly half the passes").
     "digits_half20": [
         *[Grid("digits", "fzoo", tuple(range(-16, -3, 2)), (s,), (0, 1, 2), 19_998, 1_000,
                (("mu", 1e-3), ("num_directions", 8)), "_n8") for s in ("cosine_f0.3", "cosine")],
