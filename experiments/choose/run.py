@@ -169,14 +169,19 @@ TABLES.update({
                                    ("cosine",), (0,), 20_000, 2_000, MEZO_MU, refine=False)],
     "sst2_long_lora_constant": [Grid("sst2_lora_full", "mezo", (-15, -17),
                                      ("constant",), (0,), 20_000, 2_000, MEZO_MU,
-                                     refine=False)],
+                                     refine=False, confirm_seeds=(1, 2))],
     # FZOO (8 probes, constant) at the same five-times budget, 19,998 passes (2,222 steps of
     # 9), seed 0: the method that ended lowest in training CE at 4,000 passes, against the
     # 20,000-pass constant MeZO (its best so far, 1.78e-4, the 4,000-pass selection too).
     # The grid starts at FZOO's 4,000-pass selection (1.78e-3) and the half-decade below.
     "sst2_long_lora_fzoo": [Grid("sst2_lora_full", "fzoo", (-11, -13), ("constant",), (0,),
                                  19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)), "_n8",
-                                 refine=False)],
+                                 refine=False, confirm_seeds=(1, 2))],
+    # Its paired seed 1 at the rate seed 0 leads with (1.78e-3), run beside the grid's
+    # 5.62e-4 point so that both fit in one session; the same run ids as confirm_seeds'.
+    "sst2_long_lora_fzoo_s1": [Grid("sst2_lora_full", "fzoo", (-11,), ("constant",), (1,),
+                                    19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)),
+                                    "_n8", widen=False, refine=False)],
     # Which parameters to perturb (experiments/choose/zo_rate.py): at the probe start the
     # rate |g_S|^4 / (E|g_B,S|^2 tr H_S) of the middle transformer layers is 2.2-2.6 times
     # that of every parameter (two independent measurements), and its best constant rate
