@@ -46,9 +46,14 @@ OPTIMIZERS = {
 }
 
 
+def start():
+  """The params every ``run`` starts from."""
+  return mlp([8, 16, 16, 4])
+
+
 def run(make, steps=6, **kw):
   tx = make()
-  params = mlp([8, 16, 16, 4])
+  params = start()
   state = tx.init(params)
   step = hz.make_train_step(tx, loss_fn, **kw)
   losses = []
@@ -78,9 +83,8 @@ def assert_same_run(p, p_ref, name, losses):
   rounding of the loss, amplified (``amplification``), relative to how far the params
   moved; any real difference (a wrong restore, another probe) is of the size of the step
   itself, ~1e4 times or more above this bound."""
-  start = mlp([8, 16, 16, 4])  # where run() starts
   moved = max(float(np.max(np.abs(a - b)))
-              for a, b in zip(jax.tree.leaves(p_ref), jax.tree.leaves(start), strict=True))
+              for a, b in zip(jax.tree.leaves(p_ref), jax.tree.leaves(start()), strict=True))
   atol = ULPS * np.finfo(np.float64).eps * amplification(name, losses) * moved
   chex.assert_trees_all_close(p, p_ref, rtol=0, atol=atol)
   return atol / moved  # the relative bound, for what the run computes from params
