@@ -183,6 +183,12 @@ TABLES.update({
     "sst2_long_lora_fzoo_s1": [Grid("sst2_lora_full", "fzoo", (-11,), ("constant",), (1,),
                                     19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)),
                                     "_n8", widen=False, refine=False)],
+    # FZOO's seed-0 selection at 20,000 passes (5.62e-4) at seed 1, run beside the grid's
+    # widening point (1.78e-4) so that the paired seed fits in the same session; the grid
+    # reuses it as its first confirmation seed if 5.62e-4 stays selected.
+    "sst2_long_lora_fzoo_s1b": [Grid("sst2_lora_full", "fzoo", (-13,), ("constant",), (1,),
+                                     19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)),
+                                     "_n8", widen=False, refine=False)],
     # Which parameters to perturb (experiments/choose/zo_rate.py): at the probe start the
     # rate |g_S|^4 / (E|g_B,S|^2 tr H_S) of the middle transformer layers is 2.2-2.6 times
     # that of every parameter (two independent measurements), and its best constant rate
