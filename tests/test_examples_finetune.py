@@ -297,3 +297,19 @@ def test_finetune_minilm_data_trains_on_all_of_train_at_the_measured_rates(tmp_p
   (mezo,), (fzoo,) = res["runs"]["mezo"], res["runs"]["fzoo"]
   assert mezo["lr"] == 5e-4 and "val_accuracy" in mezo["probe"]
   assert fzoo["lr"] == 1.78e-3
+
+
+def test_finetune_minilm_default_lr_follows_the_budget():
+  """With --data, MeZO LoRA's default rate is the short-run one up to SST2_LR_LONG's step
+  count and the long-run one past it; without real data, and for pairs with no long-run
+  entry, the budget does not matter."""
+  example = load_example("finetune_minilm")
+  max_steps, long_lr = example.SST2_LR_LONG[("lora", "mezo")]
+  short_lr = example.SST2_LR[("lora", "mezo")]
+  assert long_lr < short_lr
+  assert example.default_lr("lora", "mezo", 400, True) == short_lr
+  assert example.default_lr("lora", "mezo", max_steps, True) == short_lr
+  assert example.default_lr("lora", "mezo", max_steps + 1, True) == long_lr
+  assert example.default_lr("lora", "mezo", 10_000, False) == example.DEFAULT_LR[("lora", "mezo")]
+  assert example.default_lr("lora", "fzoo", 10_000, True) == example.SST2_LR[("lora", "fzoo")]
+  assert example.default_lr("lora", "zo_adam", 400, False) == 1e-3
