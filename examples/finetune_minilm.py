@@ -105,15 +105,21 @@ SST2_LR_LONG = {("lora", "mezo"): (1_000, 1.78e-4)}
 DEFAULT_MU = {"ft": 1e-3, "lora": 1e-3, "prefix": 1e-2}
 
 
+def measured_rates(sst2: bool) -> dict:
+  """The measured rates per (mode, optimizer): the SST-2 ones apply to real data only."""
+  return {**DEFAULT_LR, **SST2_LR} if sst2 else DEFAULT_LR
+
+
 def default_lr(mode: str, name: str, steps: int, sst2: bool) -> float:
-  """The learning rate a run takes without --lr: the SST-2 measurements with real data
-  (``sst2``), the budget-dependent ones past their step count, else DEFAULT_LR, else 1e-3."""
-  rates = {**DEFAULT_LR, **SST2_LR} if sst2 else DEFAULT_LR
+  """The learning rate a run takes without --lr: the measured rate (``measured_rates``),
+  the budget-dependent one past its step count (with real data), else 1e-3."""
   if sst2 and (mode, name) in SST2_LR_LONG:
     max_steps, long_lr = SST2_LR_LONG[(mode, name)]
     if steps > max_steps:
       return long_lr
-  return rates.get((mode, name), 1e-3)
+  return measured_rates(sst2).get((mode, name), 1e-3)
+
+
 # Training on all of train.tsv (--data, --k-shot 0): this many sentences are held out by
 # seed as the validation split (the linear probe's l2 is picked on it), at most a fifth.
 HELD_OUT = 1000
@@ -503,8 +509,7 @@ def main(argv=None) -> None:
     print(table)
     return
   optimizers = parse_list(args.optimizer)
-  # default learning rates: the SST-2 measurements apply to real data only
-  rates = {**DEFAULT_LR, **SST2_LR} if args.data else DEFAULT_LR
+  rates = measured_rates(bool(args.data))
   for name in optimizers:
     if name not in OPTIMIZERS:
       p.error(f"unknown optimizer {name!r}")
