@@ -42,10 +42,10 @@ Outputs (``--out``): ``loss_curve.png``, ``results.json``, ``results.md``; with
 Run length: 400 steps, except with ``--data`` on all of train with LoRA, MeZO and the
 linear-probe head (the defaults), where it is the best setting measured, 10,000 steps
 (``default_steps``); ``--steps`` sets it. Time on 2 CPU cores: ``--smoke`` about 30 s; one
-400-step LoRA run about 2-3 minutes (with ``--data`` about 10, most of it tokenizing and
-fitting the probe); the default run with ``--data`` 100 minutes a seed with two seeds side by
-side (0.55 s a step); the README comparison (HiZOO and MeZO, 3 seeds, 600 steps) about 23
-minutes.
+400-step LoRA run about 2-3 minutes (with ``--data`` about 5, more than half of it tokenizing
+and fitting the probe); the default run with ``--data`` about 55 minutes a seed alone (0.32 s
+a step), 100 with two seeds side by side (0.55 s a step); the README comparison (HiZOO and
+MeZO, 3 seeds, 600 steps) about 23 minutes.
 
     python examples/finetune_minilm.py --smoke
     python examples/finetune_minilm.py --mode lora --optimizer hizoo,mezo --seeds 0,1,2
@@ -496,8 +496,8 @@ def main(argv=None) -> None:
   p.add_argument("--data", default=None, help="GLUE SST-2 directory (default: synthetic set)")
   p.add_argument("--steps", type=int, default=None,
                  help=f"default: {DATA_STEPS:,} with --data, all of train, LoRA and MeZO (the "
-                      "measured best setting; 0.55 s a step on 2 CPU cores with two runs "
-                      f"side by side), else {STEPS}")
+                      "measured best setting; about 55 minutes on 2 CPU cores, 0.32 s a step), "
+                      f"else {STEPS}")
   p.add_argument("--batch-size", type=int, default=16)
   p.add_argument("--max-length", type=int, default=None,
                  help="tokens per sentence, [CLS]/[SEP] included (default: 64 with --data, "
