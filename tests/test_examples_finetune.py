@@ -319,17 +319,16 @@ def test_finetune_minilm_default_steps_are_the_measured_setting():
   """Without --steps the run is the harness's best measured setting (10,000 MeZO LoRA steps
   on all of train, linear-probe head, at the long-run rate) only in that configuration; any
   other mode, optimizer or head, the k-shot protocol or the synthetic set keeps the quick
-  400 steps. Evaluations
-  come about 20 to a run, every 100 steps at least."""
+  400 steps. Evaluations come about 20 to a run, every 100 steps at least."""
   example = load_example("finetune_minilm")
   steps = example.default_steps
-  assert steps("lora", ["mezo"], True, 0) == example.DATA_STEPS == 10_000
+  assert steps("lora", ["mezo"], True, 0, True) == example.DATA_STEPS == 10_000
   # the long default runs at the long-run rate
   assert (example.default_lr("lora", "mezo", example.DATA_STEPS, True)
           == example.SST2_LR_LONG[("lora", "mezo")][1])
-  for args in [("lora", ["mezo"], False, 0), ("lora", ["mezo"], True, 512),
-               ("ft", ["mezo"], True, 0), ("lora", ["mezo", "hizoo"], True, 0),
-               ("lora", ["fzoo"], True, 0), ("lora", ["mezo"], True, 0, False)]:
+  for args in [("lora", ["mezo"], False, 0, True), ("lora", ["mezo"], True, 512, True),
+               ("ft", ["mezo"], True, 0, True), ("lora", ["mezo", "hizoo"], True, 0, True),
+               ("lora", ["fzoo"], True, 0, True), ("lora", ["mezo"], True, 0, False)]:
     assert steps(*args) == example.STEPS == 400, args
   every = example.default_eval_every
   assert [every(n) for n in (6, 400, 600, 2000, 2001, 5000, 10_000)] == [
