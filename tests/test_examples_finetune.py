@@ -94,12 +94,69 @@ def test_finetune_minilm_lora_hizoo_and_adam(tmp_path):
   assert res["runs"]["hizoo"][0]["trainable_params"] == 6 * 2 * 2 * 384 * 8 + 384 * 2 + 2
   assert res["runs"]["hizoo"][0]["hessian"]["min"] > 0
   assert res["runs"]["adam"][0]["hessian"] is None
-  # re-summarise the saved run at other loss levels (no training)
+  # the state's counter, step by step: a HiZOO step executes three forward passes; Adam
+  # (backprop) has no count
+  assert res["runs"]["hizoo"][0]["forward_passes"] == [3, 6, 9, 12, 15, 18]
+  assert res["runs"]["adam"][0]["forward_passes"] is None
+  # re-summarise the saved run at other loss levels (no training): HiZOO in forward passes
+  # (its first step reaches 100: 3 passes), Adam in steps
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   table = subprocess.run([sys.executable, "examples/finetune_minilm.py", "--from-results",
                           str(tmp_path / "results.json"), "--target-loss", "100,-1"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300).stdout
-  assert "| hizoo | 1 (1/1: 1) | never (0/1: -) |" in table, table
+  assert "| hizoo | 3 (1/1: 3) | never (0/1: -) |" in table, table
+  assert "| adam | 1 steps (1/1: 1) | never (0/1: -) |" in table, table
+  assert "18 (3 a step)" in table and "6 steps (a forward and a backward pass each)" in table
+
+
+@pytest.mark.slow
+@requires_minilm
+def test_finetune_minilm_matches_optimizers_by_forward_passes_and_resumes_the_count(tmp_path):
+  """--forward-passes 12: HiZOO (3 passes a step) runs 4 steps, MeZO (2) 6; the counts are
+  the state's, step by step, and a run resumed from its step-3 checkpoint continues them
+  (and its losses) bit for bit."""
+  common = ("--mode", "lora", "--optimizer", "hizoo,mezo", "--forward-passes", "12")
+  a, b = tmp_path / "a", tmp_path / "b"
+  out = run_example("finetune_minilm.py", *common, "--out", str(a), "--ckpt-dir",
+                    str(tmp_path / "ckpt"))
+  assert "steps=4,6 " in out and "4 steps" in out and "12 forward passes" in out
+  first = results(str(a))["runs"]
+  assert first["hizoo"][0]["forward_passes"] == [3, 6, 9, 12]
+  assert first["mezo"][0]["forward_passes"] == [2, 4, 6, 8, 10, 12]
+  shutil.rmtree(tmp_path / "ckpt" / "mezo_seed0" / "6")  # MeZO resumes at 3 as well
+  out = run_example("finetune_minilm.py", *common, "--out", str(b), "--ckpt-dir",
+                    str(tmp_path / "ckpt"), "--resume")
+  assert out.count("resumed from") == 2 and out.count("at step 3") == 2
+  again = results(str(b))["runs"]
+  for name in ("hizoo", "mezo"):
+    assert again[name][0]["forward_passes"] == first[name][0]["forward_passes"]
+    assert again[name][0]["losses"] == first[name][0]["losses"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--forward-passes", "100", "--steps", "50"], "pass one of it and --steps"),
+    (["--forward-passes", "100", "--optimizer", "mezo,adam"], "run it with --steps"),
+    (["--forward-passes", "0"], "must be positive"),
+])
+def test_finetune_minilm_forward_pass_budget_refuses(args, message, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    load_example("finetune_minilm").main(args)
+  assert exit_info.value.code == 2
+  assert message in capsys.readouterr().err
+
+
+def test_finetune_minilm_passes_per_step_is_the_methods_count():
+  """What --forward-passes divides by: each optimizer's own counter (HiZOO measures the
+  centre and two sides, FZOO with 8 probes the centre and 8 one-sided points)."""
+  example = load_example("finetune_minilm")
+
+  def cost(name):
+    return example.passes_per_step(example.make_optimizer(name, 1e-3, mu=1e-3, alpha=1e-3,
+                                                          seed=0))
+
+  assert [cost(n) for n in ("hizoo", "mezo", "fzoo", "zo_adam")] == [3.0, 2.0, 9.0, 2.0]
+  with pytest.raises(ValueError, match="not a zeroth-order optimizer"):
+    cost("adam")
 
 
 @pytest.mark.slow
@@ -182,7 +239,8 @@ def finetune_minilm_module():
 
 
 def test_minilm_page_table_is_the_saved_results():
-  """The MiniLM results page's HiZOO/MeZO/Adam rows are what the saved results.json give."""
+  """The MiniLM results page's HiZOO/MeZO/Adam rows are what the saved results.json give:
+  the zeroth-order rows in forward passes (the state's count), Adam's in steps."""
   import re
 
   ex = finetune_minilm_module()
@@ -192,12 +250,18 @@ def test_minilm_page_table_is_the_saved_results():
     res = results(os.path.join(ROOT, "examples", "results", sub))
     _, summary = ex.summarize(res["runs"], res["args"]["window"], targets)
     s = summary["optimizers"][label.lower()]
+    counted = s["forward_passes"] is not None
+    assert counted == (label != "Adam"), label
+    if counted:  # the same budget for both
+      assert s["forward_passes"] == [res["args"]["forward_passes"]] * 3, s["forward_passes"]
     (row,) = [r for r in page.splitlines() if r.startswith(f"| {label} ")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     for cell, t in zip(cells[1:], targets, strict=False):
-      med, per_seed = s["median_steps_to_target"][str(t)], s["steps_to_target"][str(t)]
+      kind = "forward_passes" if counted else "steps"
+      med, per_seed = s[f"median_{kind}_to_target"][str(t)], s[f"{kind}_to_target"][str(t)]
+      unit = "" if counted else " steps"
       seeds = ", ".join("-" if h is None else str(h) for h in per_seed)
-      assert cell == f"{'never' if med is None else med} ({seeds})", (label, t, cell)
+      assert cell == f"{'never' if med is None else f'{med}{unit}'} ({seeds})", (label, t, cell)
     assert cells[len(targets) + 1] == f"{s['final_smoothed_loss_median']:.4f}"
     accs = s["final_accuracy"]
     assert cells[len(targets) + 2].startswith(f"{np.mean(accs):.3f} ± {np.std(accs):.3f} (")
