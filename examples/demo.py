@@ -1,18 +1,27 @@
 """The main demo: MeZO vs HiZOO vs HiZOO-L vs Adam, on the paper's test functions and digits.
 
+Methods are compared per forward pass, counted by the optimizer state: a MeZO step executes
+two, a HiZOO step three (it also measures the loss at the point). First-order Adam, which
+has no such count (a forward and a backward pass a step), is given in steps.
+
 1. The three 2-D test functions of the paper's Appendix C (float64): every method runs from
    the same start over a learning-rate grid and 5 seeds; the table gives the median number
-   of steps to f < 0.1 at the fastest *robust* learning rate (every seed reached 0.1 and was
-   still below it at the last step), the (reached, stayed) counts there, and how many
-   learning rates of the grid are robust. HiZOO uses the recommended settings
+   of forward passes to f < 0.1 at the fastest *robust* learning rate (every seed reached
+   0.1 and was still below it at the last step), the (reached, stayed) counts there, and
+   how many learning rates of the grid are robust. HiZOO uses the recommended settings
    (``hz.presets``: alpha = 0.5 / d, mu = 1e-2) with no per-function tuning.
 2. A Flax MLP (26k parameters) on scikit-learn's digits (float32, batches of 64): MeZO,
-   HiZOO, HiZOO-L (recommended settings) and first-order Adam at fixed learning rates (the
-   best of the grids of notebooks/03_ablations.ipynb), 3 seeds; final train loss, test
-   accuracy and the wall-clock time of a step in forward passes.
+   HiZOO, HiZOO-L (recommended settings) with the same budget of forward passes (10,000:
+   MeZO 5,000 steps, HiZOO 3,334) and first-order Adam (5,000 steps), at fixed learning
+   rates (the best of the grids of notebooks/03_ablations.ipynb, chosen there at 5,000
+   steps each: no run here goes past the step count its rate was chosen for; given 15,000
+   passes, 7,500 steps, MeZO's rate diverged on all 3 seeds), 3 seeds; final train loss,
+   test accuracy and the wall-clock time of a step in forward passes. The tuned
+   comparison, learning rates and decay schedules selected on a validation split, is
+   docs/results/choosing.md.
 
 Writes a results table (``results.md``, ``results.json``) and plots (``test_functions.png``,
-``digits.png``) to ``--out``. About 2 minutes on 2 CPU cores.
+``digits.png``) to ``--out``. About a minute on 2 CPU cores.
 
     python examples/demo.py                # full budgets, writes outputs/demo/*
     python examples/demo.py --quick        # tiny budgets (CI smoke mode)
@@ -70,11 +79,29 @@ def digits_methods():
   }
 
 
-def run_digits(steps, seeds, eval_every, bar):
-  data = D.load_data()
+def passes_per_step(data):
+  """Forward passes a step of each zeroth-order digits method executes, read from its
+  state's counter after one step on the MLP (None for first-order Adam)."""
+  graphdef, params = D.init_model(0)
+  loss = D.make_loss(graphdef)
   out = {}
   for name, (factory, first_order) in digits_methods().items():
-    runs = []
+    if first_order:
+      out[name] = None
+      continue
+    tx = factory(1e-3)
+    p = jax.tree.map(jax.numpy.copy, params)  # the step donates its params
+    _, state, _ = hz.make_train_step(tx, loss)(p, tx.init(p), data.x_train[:64],
+                                               data.y_train[:64])
+    out[name] = int(optax.tree_utils.tree_get(state, "forward_passes"))
+  return out
+
+
+def run_digits(data, plan, seeds, eval_every, bar):
+  """``plan``: steps per method."""
+  out = {}
+  for name, (factory, first_order) in digits_methods().items():
+    runs, steps = [], plan[name]
     tx = factory(DIGITS_LR[name])  # one transformation: the seeds share its compiled step
     for seed in seeds:
       done = [0]
@@ -88,7 +115,7 @@ def run_digits(steps, seeds, eval_every, bar):
       bar.update(steps - done[0])  # a diverged run stops early
       runs.append(h)
     out[name] = runs
-  return data, out
+  return out
 
 
 def step_times(data, repeats):
@@ -103,27 +130,31 @@ def step_times(data, repeats):
                       repeats=repeats)
 
 
-def digits_table(runs, times):
-  lines = ["| method | lr | final train loss, median [min, max] | test accuracy %, median "
-           "[min, max] | diverged | step time (forward passes) |", "|---|---|---|---|---|---|"]
+def digits_table(runs, times, plan, costs):
+  lines = ["| method | lr | forward passes (steps) | final train loss, median [min, max] | "
+           "test accuracy %, median [min, max] | diverged | step time (forward passes) |",
+           "|---|---|---|---|---|---|---|"]
   for name, hs in runs.items():
     s = R.summarize(hs)
-    lines.append(f"| {name} | {DIGITS_LR[name]:g} | {s['loss']} | {s['acc']} | "
+    budget = (f"{plan[name]:,} steps (backprop)" if costs[name] is None
+              else f"{plan[name] * costs[name]:,} ({plan[name]:,})")
+    lines.append(f"| {name} | {DIGITS_LR[name]:g} | {budget} | {s['loss']} | {s['acc']} | "
                  f"{s['diverged']} | {times[name]:.1f} |")
   return "\n".join(lines)
 
 
-def plot_digits(runs, path):
+def plot_digits(runs, costs, path):
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   for (name, hs), color in zip(runs.items(), plt.cm.tab10.colors, strict=False):
-    R.band(axes[0], hs, "train_loss", color, f"{name} (lr {DIGITS_LR[name]:g})")
-    R.band(axes[1], hs, "test_accuracy", color, name)
+    scale, note = (1, " (x: steps)") if costs[name] is None else (costs[name], "")
+    R.band(axes[0], hs, "train_loss", color, f"{name} (lr {DIGITS_LR[name]:g}){note}", scale)
+    R.band(axes[1], hs, "test_accuracy", color, name + note, scale)
   axes[0].set_yscale("log")
   axes[0].set_title(f"digits MLP: train loss (median, range over {len(hs)} seeds)")
   axes[1].set_title("test accuracy")
   axes[1].set_ylim(0.5, 1.0)
   for ax in axes:
-    ax.set_xlabel("step")
+    ax.set_xlabel("forward passes (first-order Adam: steps)")
   axes[0].legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
@@ -135,14 +166,19 @@ def main():
   ap.add_argument("--quick", action="store_true", help="tiny budgets (smoke test)")
   ap.add_argument("--steps", type=int, default=3000, help="test-function steps")
   ap.add_argument("--seeds", type=int, default=5, help="test-function seeds")
-  ap.add_argument("--digits-steps", type=int, default=5000)
+  ap.add_argument("--digits-passes", type=int, default=10000,
+                  help="forward passes of each zeroth-order digits run")
+  ap.add_argument("--adam-steps", type=int, default=5000,
+                  help="steps of the first-order Adam digits run")
   ap.add_argument("--digits-seeds", type=int, default=3)
   ap.add_argument("--out", default="outputs/demo")
   args = ap.parse_args()
   quick = args.quick
   steps, seeds = (400, 3) if quick else (args.steps, args.seeds)
   lrs = 10.0 ** np.arange(-3, 0.01, 1.0) if quick else 10.0 ** np.arange(-5, 0.01, 0.5)
-  d_steps, d_seeds = (200, (0,)) if quick else (args.digits_steps, tuple(range(args.digits_seeds)))
+  d_passes, adam_steps, d_seeds = ((600, 200, (0,)) if quick else
+                                   (args.digits_passes, args.adam_steps,
+                                    tuple(range(args.digits_seeds))))
   d_eval = 100 if quick else 500
   os.makedirs(args.out, exist_ok=True)
   t_start = time.perf_counter()
@@ -157,8 +193,9 @@ def main():
     results = P.compare(ms, steps=steps, learning_rates=lrs, seeds=seeds, robust=True,
                         progress=tick)
   t_functions = time.perf_counter() - t_start
-  tf_md = R.functions_table(results)
-  tf_head = (f"Steps to f < 0.1 (float64): median over {seeds} seeds at the fastest robust "
+  tf_md = R.functions_table(results, passes=True)
+  tf_head = (f"Forward passes to f < 0.1 (float64; first-order Adam: steps): median over "
+             f"{seeds} seeds at the fastest robust "
              f"learning rate of {len(lrs)} ({lrs.min():g}..{lrs.max():g}), at most {steps} "
              "steps; (reached, stayed): seeds that reached f < 0.1, and seeds still below it at "
              "the last step; robust lrs: learning rates of the grid at which all seeds reached "
@@ -167,16 +204,21 @@ def main():
   plt.close(R.plot_functions(results, os.path.join(args.out, "test_functions.png")))
 
   # 2. The digits MLP.
-  with tqdm(total=len(digits_methods()) * len(d_seeds) * d_steps, desc="digits MLP",
+  data = D.load_data()
+  costs = passes_per_step(data)
+  plan = {name: adam_steps if cost is None else -(-d_passes // cost)
+          for name, cost in costs.items()}
+  with tqdm(total=sum(plan.values()) * len(d_seeds), desc="digits MLP",
             unit="step", unit_scale=True, mininterval=1.0) as bar:
-    data, runs = run_digits(d_steps, d_seeds, d_eval, bar)
+    runs = run_digits(data, plan, d_seeds, d_eval, bar)
   times = step_times(data, repeats=3 if quick else 7)
-  d_md = digits_table(runs, times)
-  d_head = (f"Digits MLP (26 122 params, float32, batches of 64, {d_steps} steps, seeds "
+  d_md = digits_table(runs, times, plan, costs)
+  d_head = (f"Digits MLP (26 122 params, float32, batches of 64, {d_passes:,} forward passes "
+            f"for each zeroth-order method, {adam_steps:,} steps for first-order Adam, seeds "
             f"{list(d_seeds)}); step time: median wall-clock of a step over one forward pass "
             f"({1e6 * times['forward_seconds']:.0f} µs) at batch 64.")
   print("\n" + d_head + "\n\n" + d_md + "\n")
-  plot_digits(runs, os.path.join(args.out, "digits.png"))
+  plot_digits(runs, costs, os.path.join(args.out, "digits.png"))
   elapsed = time.perf_counter() - t_start
   print(f"({elapsed:.0f} s in all, test functions {t_functions:.0f} s, on {jax.device_count()} "
         f"{jax.default_backend()} device(s))")
@@ -187,10 +229,12 @@ def main():
     json.dump(dict(
         test_functions=[dict(method=r.method, function=r.function, robust=r.robust,
                              median_steps=None if not np.isfinite(r.steps) else r.steps,
+                             passes_per_step=r.passes_per_step,
                              seeds_reached=r.counts()[0], seeds_stayed=r.counts()[1],
                              robust_lrs=R.n_robust(r.sweep), learning_rate=r.learning_rate,
                              options={k: v for k, v in r.options.items()}) for r in results],
-        digits={name: dict(learning_rate=DIGITS_LR[name],
+        digits={name: dict(learning_rate=DIGITS_LR[name], steps=plan[name],
+                           passes_per_step=costs[name],
                            final_train_loss=[float(h.train_loss[-1]) for h in hs],
                            test_accuracy=[float(h.test_accuracy[-1]) for h in hs],
                            step_time_forward_passes=times[name]) for name, hs in runs.items()},

@@ -44,7 +44,7 @@ def f_c(p: jax.Array) -> jax.Array:
 FUNCTIONS: dict[str, Callable[[jax.Array], jax.Array]] = {"f_a": f_a, "f_b": f_b, "f_c": f_c}
 START: dict[str, tuple[float, float]] = {"f_a": (0.25, 1.0), "f_b": (1.5, -1.0), "f_c": (0.3, 3.0)}
 MINIMUM: dict[str, tuple[float, float]] = {"f_a": (1.0, 4.0), "f_b": (0.0, 0.0), "f_c": (0.0, 0.0)}
-COUNTERS = ("skipped_directions", "skipped_hessian_updates")
+COUNTERS = ("skipped_directions", "skipped_hessian_updates", "forward_passes")
 
 
 class Trajectory(NamedTuple):
@@ -104,8 +104,9 @@ def optimize(
 class Sweep(NamedTuple):
   """Losses ``[n_lr, n_seed, steps + 1]`` and points ``[n_lr, n_seed, steps + 1, 2]``.
 
-  ``counters`` holds the final state's failure counters (``"skipped_directions"``,
-  ``"skipped_hessian_updates"``, each ``[n_lr, n_seed]``) where the state has them.
+  ``counters`` holds the final state's counters (``"skipped_directions"``,
+  ``"skipped_hessian_updates"``, ``"forward_passes"``, each ``[n_lr, n_seed]``) where the
+  state has them (a first-order run has none).
   """
 
   learning_rates: np.ndarray
@@ -226,6 +227,22 @@ class Result(NamedTuple):
   sweep: Sweep
   lr_index: int
   robust: bool = False  # every seed reached the threshold and stayed below it at the end
+
+  @property
+  def passes_per_step(self) -> float | None:
+    """Forward passes a step executed at the chosen setting, from the state's counter
+    (mean over seeds and steps; None for a first-order method, which has no count)."""
+    if not self.sweep.counters or "forward_passes" not in self.sweep.counters:
+      return None
+    steps = self.sweep.losses.shape[-1] - 1
+    return float(np.mean(self.sweep.counters["forward_passes"][self.lr_index])) / steps
+
+  @property
+  def passes(self) -> float | None:
+    """Median forward passes to ``f < threshold`` (``steps`` times :attr:`passes_per_step`;
+    ``inf``: never; None for a first-order method)."""
+    cost = self.passes_per_step
+    return None if cost is None else self.steps * cost
 
   def counts(self, threshold: float = 0.1) -> tuple[int, int, int]:
     """``(seeds that reached threshold, seeds below it at the last step, seeds)``."""

@@ -22,23 +22,35 @@ def n_robust(sw: P.Sweep, threshold: float = 0.1) -> int:
   return int(((sw.reached(threshold) == n) & (sw.stayed(threshold) == n)).sum())
 
 
-def _cell(r: P.Result) -> str:
+def _cell(r: P.Result, passes: bool = False) -> str:
   reached, stayed, n = r.counts()
-  steps = "never" if not np.isfinite(r.steps) else f"{r.steps:g}"
+  if not np.isfinite(r.steps):
+    value = "never"
+  elif passes and r.passes is not None:
+    value = f"{r.passes:g}"
+  else:
+    value = f"{r.steps:g}" + (" steps" if passes else "")
   flag = "" if r.robust else " ⚠"
-  return (f"{steps} ({reached}/{n}, {stayed}/{n}){flag} | {r.learning_rate:.3g} | "
+  return (f"{value} ({reached}/{n}, {stayed}/{n}){flag} | {r.learning_rate:.3g} | "
           f"{n_robust(r.sweep)}")
 
 
-def functions_table(results: Sequence[P.Result]) -> str:
-  """A Markdown table: per method and function, steps (reached, stayed) | lr | robust lrs."""
+def functions_table(results: Sequence[P.Result], passes: bool = False) -> str:
+  """A Markdown table: per method and function, steps (reached, stayed) | lr | robust lrs.
+
+  With ``passes`` the first column counts forward passes (the state's counter: steps times
+  the passes a step executes), so that methods of different step costs compare; a
+  first-order method, which has no count, stays in steps, marked so.
+  """
   fns = list(dict.fromkeys(r.function for r in results))
   names = list(dict.fromkeys(r.method for r in results))
   by = {(r.method, r.function): r for r in results}
-  head = "| method | " + " | ".join(f"{f}: steps (reached, stayed) | lr | robust lrs" for f in fns)
+  unit = "forward passes" if passes else "steps"
+  head = "| method | " + " | ".join(f"{f}: {unit} (reached, stayed) | lr | robust lrs"
+                                   for f in fns)
   lines = [head + " |", "|---|" + "---|---|---|" * len(fns)]
   for m in names:
-    lines.append(f"| {m} | " + " | ".join(_cell(by[(m, f)]) for f in fns) + " |")
+    lines.append(f"| {m} | " + " | ".join(_cell(by[(m, f)], passes) for f in fns) + " |")
   return "\n".join(lines)
 
 
@@ -110,9 +122,10 @@ def summarize(runs) -> dict:
               sec=np.min([h.seconds for h in runs]), fin=fin)
 
 
-def band(ax, runs, key: str, color, label: str) -> None:
-  """Median line and min-max band over seeds of a history field (``train_loss``, ...)."""
-  steps = runs[0].steps
+def band(ax, runs, key: str, color, label: str, x_scale: float = 1.0) -> None:
+  """Median line and min-max band over seeds of a history field (``train_loss``, ...);
+  ``x_scale`` multiplies the step counts (e.g. by the forward passes a step executes)."""
+  steps = runs[0].steps * x_scale
   v = np.array([getattr(h, key) for h in runs], dtype=float)
   with warnings.catch_warnings():  # steps after every seed diverged are all-NaN: not drawn
     warnings.simplefilter("ignore", RuntimeWarning)

@@ -72,10 +72,14 @@ def test_sweep_dtype_counters_and_robust_choice():
   sw = P.sweep(hz.hizoo, P.f_c, P.START["f_c"], 300, lrs, seeds=2, dtype=np.float32,
                hessian_smoothing=0.25)
   assert sw.xs.dtype == np.float32 and sw.losses.dtype == np.float64
-  assert set(sw.counters) == {"skipped_directions", "skipped_hessian_updates"}
+  assert set(sw.counters) == {"skipped_directions", "skipped_hessian_updates",
+                              "forward_passes"}
   assert sw.counters["skipped_hessian_updates"].shape == (2, 2)
-  assert set(P.sweep(hz.mezo, P.f_a, P.START["f_a"], 10, lrs, 2).counters) == {
-      "skipped_directions"}
+  # HiZOO measures f at the point and at +- mu z: 3 forward passes a step
+  np.testing.assert_array_equal(sw.counters["forward_passes"], 3 * 300)
+  mezo = P.sweep(hz.mezo, P.f_a, P.START["f_a"], 10, lrs, 2)
+  assert set(mezo.counters) == {"skipped_directions", "forward_passes"}
+  np.testing.assert_array_equal(mezo.counters["forward_passes"], 2 * 10)
   assert P.sweep(optax.adam, P.f_a, P.START["f_a"], 10, lrs, first_order=True).counters is None
 
 
@@ -146,6 +150,14 @@ def test_report_table_and_summaries():
   assert cells[0] == "hizoo" and f"({reached}/{n}, {stayed}/{n})" in cells[1]
   assert float(cells[2]) == pytest.approx(res[0].learning_rate, rel=1e-2)
   assert int(cells[3]) == R.n_robust(res[0].sweep) <= 2
+  # in forward passes: HiZOO's 3 a step (its counter); first-order Adam stays in steps
+  assert res[0].passes_per_step == 3.0 and res[0].passes == 3 * res[0].steps
+  both = res + P.compare({"adam": (optax.adam, [dict(first_order=True)])}, functions=("f_a",),
+                         steps=200, learning_rates=np.array([0.1]), seeds=1)
+  head, _, hizoo_row, adam_row = R.functions_table(both, passes=True).splitlines()
+  assert head == "| method | f_a: forward passes (reached, stayed) | lr | robust lrs |"
+  assert hizoo_row.startswith(f"| hizoo | {3 * res[0].steps:g} (")
+  assert both[1].passes is None and adam_row.startswith(f"| adam | {both[1].steps:g} steps (")
 
   def run(losses, acc, diverged=False):
     return SimpleNamespace(steps=np.array([0, 10, 20]), train_loss=np.array(losses),
