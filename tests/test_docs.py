@@ -226,8 +226,6 @@ def test_readme_headline_results_are_the_results_pages():
   tests/test_notebooks.py and tests/test_choose.py check against their sources): the test
   functions' steps (the notebook's table) times the forward passes a step of the method
   executes (its state's counter), and the digits rows of the forward-pass-matched study."""
-  import numpy as np
-
   import hizoo_jax as hz
   from experiments import problems as P
 
@@ -267,6 +265,19 @@ def test_readme_headline_results_are_the_results_pages():
     vals = {ln.split("|")[1].strip(): float(ln.split("|")[3].split(" ± ")[0])
             for ln in choosing.splitlines() if ln.startswith(prefix)}
     assert len(vals) >= 3 and min(vals, key=vals.get).endswith("10⁻⁶"), vals
+
+
+def test_results_index_demo_tables_are_the_saved_demo_run():
+  """The results index's demo tables are examples/results/demo/results.md's (the digits
+  table without its step-time column, which varies with the machine's load)."""
+  with open(os.path.join(ROOT, "examples", "results", "demo", "results.md")) as fh:
+    saved = [t.strip() for t in fh.read().split("\n\n") if t.startswith("|")]
+  functions, digits = saved
+  digits = "\n".join("|".join(line.split("|")[:-2]) + "|" for line in digits.splitlines())
+  index = _page("results/index.md")
+  section = index[index.index("## The demo"):index.index("## The recommended settings")]
+  assert functions in section and digits in section
+  assert "forward passes (reached, stayed)" in functions and "10,000 (5,000)" in digits
 
 
 def test_every_public_name_has_an_api_page():
