@@ -398,3 +398,50 @@ def test_finetune_minilm_default_steps_are_the_measured_setting():
   assert [every(n) for n in (6, 400, 600, 2000, 2001, 5000, 10_000)] == [
       100, 100, 100, 100, 200, 300, 500]
   assert 20 <= 10_000 // every(10_000) <= 21
+
+
+def test_finetune_minilm_resumes_a_checkpoint_without_pass_counts(tmp_path, monkeypatch):
+  """A checkpoint written before the example kept pass counts (no "forward_passes" in it)
+  still resumes: the counts of the steps before it are rebuilt from the state's counter,
+  and equal those of a run that kept them (MeZO: 2 a step)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from hizoo_jax.models import checkpoint, heads, peft
+
+  example = load_example("finetune_minilm")
+
+  class Toy(nnx.Module):  # a 4-feature linear classifier standing in for the encoder
+    def __init__(self):
+      self.lin = nnx.Linear(4, 2, rngs=nnx.Rngs(0))
+
+    def __call__(self, ids, mask):
+      return self.lin(ids.astype(jnp.float32) * mask)
+
+  graphdef, params, frozen = nnx.split(Toy(), nnx.Param, ...)
+  loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: heads.cross_entropy(m(i, am), y))
+  rng = np.random.default_rng(0)
+  data = (rng.normal(size=(32, 4)).astype(np.float32), np.ones((32, 4), np.float32),
+          rng.integers(0, 2, 32))
+
+  def run(ckpt_dir, resume=False):
+    return example.train(name="mezo", tx=example.make_optimizer("mezo", 1e-2, mu=1e-3,
+                                                                alpha=0.0, seed=0),
+                         loss_fn=loss_fn, graphdef=graphdef,
+                         params=jax.tree.map(jnp.copy, params), frozen=frozen,
+                         train_set=data, eval_set=data, steps=6, batch_size=8, seed=0,
+                         eval_every=0, ckpt_dir=str(ckpt_dir), save_every=3, resume=resume,
+                         show_progress=False)
+
+  whole = run(tmp_path / "whole")
+  assert whole["forward_passes"] == [2, 4, 6, 8, 10, 12]
+  save = checkpoint.Checkpointer.save
+  with monkeypatch.context() as m:  # the old example: no pass counts in its checkpoints
+    m.setattr(checkpoint.Checkpointer, "save", lambda self, step, tree: save(
+        self, step, {k: v for k, v in tree.items() if k != "forward_passes"}))
+    run(tmp_path / "old")
+  shutil.rmtree(tmp_path / "old" / "6")
+  resumed = run(tmp_path / "old", resume=True)
+  assert resumed["forward_passes"] == whole["forward_passes"]
+  assert resumed["losses"] == whole["losses"]
