@@ -324,6 +324,11 @@ def test_demo_quick(tmp_path):
   assert out.returncode == 0, out.stderr
   assert "| HiZOO |" in out.stdout and "| HiZOO-L |" in out.stdout
   assert "Digits MLP" in out.stdout and "| Adam (first order) |" in out.stdout
+  # matched by forward passes (the states' counts): MeZO 2 a step, HiZOO 3; Adam in steps
+  assert "f_a: forward passes (reached, stayed)" in out.stdout
+  assert "| MeZO | 0.002 | 600 (300) |" in out.stdout, out.stdout
+  assert "| HiZOO | 0.005 | 600 (200) |" in out.stdout
+  assert "| Adam (first order) | 0.003 | 200 steps (backprop) |" in out.stdout
   for name in ("test_functions.png", "digits.png", "results.md", "results.json"):
     assert (tmp_path / name).stat().st_size > 0
 
