@@ -118,10 +118,10 @@ SST2_LR_LONG = {("lora", "mezo"): (1_000, 1.78e-4)}
 # 10,000 steps (20,000 forward passes) at SST2_LR_LONG's rate end +1.0, +1.7, +2.5, +1.0 and
 # -1.0 points of dev accuracy over the linear probe (seeds 0-4, mean +1.1;
 # docs/results/choosing.md), where 400 steps end +0.1 +- 0.3 (docs/results/sst2.md). Through
-# this script (seeds 0, 1) it ended -1.1 and 0.0, both with dev CE below the 400-step runs' and
-# accuracy below theirs; over the seven runs +0.6, dev CE lower than the probe's on six
-# (docs/results/sst2.md). Other modes, optimizers, heads and the k-shot protocol were not
-# measured that long, so they keep 400.
+# this script (seeds 0, 1, 2) it ended -1.1, 0.0 and -0.3 (seeds 0, 1: dev CE below the
+# 400-step runs' and accuracy below theirs); over the eight runs +0.5, dev CE lower than the
+# probe's on seven (docs/results/sst2.md). Other modes, optimizers, heads and the k-shot
+# protocol were not measured that long, so they keep 400.
 STEPS = 400
 DATA_STEPS = 10_000
 DEFAULT_MU = {"ft": 1e-3, "lora": 1e-3, "prefix": 1e-2}
