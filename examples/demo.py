@@ -93,7 +93,7 @@ def passes_per_step(data):
     p = jax.tree.map(jax.numpy.copy, params)  # the step donates its params
     _, state, _ = hz.make_train_step(tx, loss)(p, tx.init(p), data.x_train[:64],
                                                data.y_train[:64])
-    out[name] = int(optax.tree_utils.tree_get(state, "forward_passes"))
+    out[name] = int(hz.forward_passes(state))
   return out
 
 

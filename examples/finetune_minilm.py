@@ -263,7 +263,7 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
   # Forward passes executed up to and including each step, from the state's counter (-1 for
   # first-order Adam, which has none).
   passes = np.full((steps,), -1, np.int64)
-  counted = forward_passes(opt_state) is not None
+  counted = hz.forward_passes(opt_state) is not None
   start = 0
   ckpt = checkpoint.Checkpointer(ckpt_dir) if ckpt_dir else None
   if ckpt is not None and resume and ckpt.latest_step() is not None:
@@ -280,7 +280,7 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
     if counted and passes[start - 1] < 0:
       # Rebuilt from the counter at the checkpoint: exact for a constant cost per step
       # (every optimizer here at its defaults).
-      total = forward_passes(opt_state)
+      total = int(hz.forward_passes(opt_state))
       passes[:start] = np.round(total * np.arange(1, start + 1) / start)
     print(f"{desc}: resumed from {ckpt.directory} at step {start}", flush=True)
   ids, mask, labels = train_set
@@ -298,7 +298,7 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
     history[k] = float(loss)  # also waits for the step
     times.append(time.perf_counter() - t0)
     if counted:
-      passes[k] = forward_passes(opt_state)
+      passes[k] = int(hz.forward_passes(opt_state))
     bar.update(1)
     bar.set_postfix(loss=f"{history[k]:.4f}")
     if eval_every and ((k + 1) % eval_every == 0 or k + 1 == steps):
@@ -319,28 +319,18 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
           "params": params, "opt_state": opt_state}
 
 
-def forward_passes(opt_state) -> int | None:
-  """Forward passes executed so far, from the state's counter (None: no zeroth-order
-  transform in it, i.e. first-order Adam)."""
-  try:
-    value = optax.tree_utils.tree_get(opt_state, "forward_passes")
-  except (KeyError, ValueError):
-    return None
-  return None if value is None else int(value)
-
-
 def passes_per_step(tx: optax.GradientTransformation, probe_steps: int = 8) -> float:
   """Mean forward passes a step of ``tx`` executes, read from its counter over
   ``probe_steps`` steps on a 16 x 16 quadratic (the count depends on the method and its
   options, not on the model); raises ValueError for a first-order ``tx``."""
   params = {"w": jnp.full((16, 16), 0.1, jnp.float32)}
   state = tx.init(params)
-  if forward_passes(state) is None:
+  if hz.forward_passes(state) is None:
     raise ValueError("no forward-pass counter: not a zeroth-order optimizer")
   step = hz.make_train_step(tx, lambda p: jnp.sum(jnp.square(p["w"])))
   for _ in range(probe_steps):
     params, state, _ = step(params, state)
-  return forward_passes(state) / probe_steps
+  return int(hz.forward_passes(state)) / probe_steps
 
 
 def hessian_summary(opt_state) -> dict[str, float] | None:

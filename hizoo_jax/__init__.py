@@ -33,6 +33,7 @@ from hizoo_jax._src.train_step import make_train_step
 from hizoo_jax._src.transform import (
     HiZOOState,
     ZOState,
+    forward_passes,
     get_hessian,
     scale_by_forward_gradient,
     scale_by_fzoo,
@@ -55,6 +56,7 @@ __all__ = [
     "fast_gaussian",
     "fast_rademacher",
     "forward_gradient",
+    "forward_passes",
     "fzoo",
     "gaussian",
     "get_hessian",

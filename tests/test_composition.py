@@ -244,3 +244,35 @@ def test_flax_nnx_optimizer():
   chex.assert_trees_all_close(nnx.as_pure(nnx.state(model, nnx.Param)), params,
                               rtol=1e-6, atol=1e-9)  # 60 steps of two programs' rounding
   assert hz.get_hessian(nnx.as_pure(optimizer.opt_state))["kernel"].shape == (4, 2)
+
+
+def test_forward_passes_reads_the_count_through_wrappers_jit_and_vmap():
+  """hz.forward_passes: the executed count of any state holding a zeroth-order transform."""
+  wrapped = {
+      "chain": optax.chain(hz.scale_by_hizoo(mu=1e-3, seed=1), optax.sgd(1e-3)),
+      "inject": optax.inject_hyperparams(hz.mezo)(learning_rate=1e-3),
+      "multi_steps": optax.MultiSteps(hz.mezo(1e-3), every_k_schedule=1),
+      "fzoo in adam": optax.chain(hz.scale_by_fzoo(mu=1e-3, num_directions=4), optax.adam(1e-3)),
+  }
+  per_step = {"chain": 3, "inject": 2, "multi_steps": 2, "fzoo in adam": 5}
+  for name, tx in wrapped.items():
+    step, params = hz.make_train_step(tx, loss), jax.tree.map(jnp.copy, PARAMS)
+    state = tx.init(params)
+    for _ in range(3):
+      params, state, _ = step(params, state)
+    assert int(hz.forward_passes(state)) == 3 * per_step[name], name
+    assert int(jax.jit(hz.forward_passes)(state)) == 3 * per_step[name], name
+  assert hz.forward_passes(optax.adam(1e-3).init(PARAMS)) is None  # first order: no count
+  assert hz.forward_passes(hz.mezo(1e-3).init(PARAMS)) == 0
+  # Two zeroth-order states in one tree add up; an int32 count stops at its maximum.
+  _, a, _ = run(hz.scale_by_zo(mu=1e-3), 2)  # a ZOState itself
+  _, b, _ = run(hz.hizoo(1e-3), 1)
+  assert int(hz.forward_passes((a, {"other": b}))) == 4 + 3
+  top = np.iinfo(np.int32).max
+  full = a._replace(forward_passes=jnp.int32(top - 1))
+  assert int(hz.forward_passes((full, b))) == top
+  # States stacked over seeds (jax.vmap) give one count per member.
+  init = jax.vmap(lambda s: hz.mezo(1e-3, seed=s).init(PARAMS))(jnp.arange(3))
+  np.testing.assert_array_equal(hz.forward_passes(init), np.zeros(3, np.int32))
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), a, a)
+  np.testing.assert_array_equal(hz.forward_passes(stacked), [4, 4])

@@ -56,7 +56,7 @@ from hizoo_jax._src.methods.hizoo import HiZOOState
 
 ScalarOrSchedule = float | jax.Array | optax.Schedule
 
-__all__ = ["HiZOOState", "ZOState", "get_hessian", "scale_by_forward_gradient",
+__all__ = ["HiZOOState", "ZOState", "forward_passes", "get_hessian", "scale_by_forward_gradient",
            "scale_by_fzoo", "scale_by_hizoo", "scale_by_lozo", "scale_by_sparse_mezo",
            "scale_by_subzero", "scale_by_zo_muon", "scale_by_zo", "zo_transform"]
 
@@ -753,3 +753,31 @@ def get_hessian(state: Any) -> Any:
     raise ValueError("get_hessian: state holds no HiZOO Hessian (is it a scale_by_hizoo state?)")
   clip = (bounds[0], bounds[1])
   return jax.tree.map(lambda x: curv.dense(x, clip), h, is_leaf=curv.is_factored)
+
+
+def forward_passes(state: Any) -> jax.Array | None:
+  """Forward passes the zeroth-order transforms in ``state`` have executed so far.
+
+  The count every comparison between methods should use, since a step costs a different
+  number of passes per method (MeZO 2, HiZOO 3, FZOO with ``n`` probes ``n + 1``, ...).
+  Works on the state of any zeroth-order transform of the library or of any chain or
+  wrapper holding one (``optax.chain``, ``optax.inject_hyperparams``, ...), also inside
+  ``jax.jit``. Several zeroth-order transforms in one state are added up. A state that was
+  ``jax.vmap``-ed (over seeds, say) gives one count per member.
+
+  Args:
+    state: an optimizer state.
+
+  Returns:
+    An int32 array (``int(...)`` it for logging), or None when ``state`` holds no
+    zeroth-order transform (a first-order optimizer's state). Counts stop at the largest
+    int32 instead of wrapping.
+  """
+  counters = [s.forward_passes for s in jax.tree.leaves(state, is_leaf=is_zo_state)
+              if is_zo_state(s)]
+  if not counters:
+    return None
+  total = jnp.asarray(counters[0])
+  for c in counters[1:]:
+    total = _add_saturating(total, jnp.asarray(c))
+  return total
