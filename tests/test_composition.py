@@ -78,7 +78,8 @@ def test_zo_chains_reduce_the_loss(name, tail):
 def test_gradient_accumulation_with_multisteps():
   k, lr = 3, 0.05
   tx = optax.chain(hz.scale_by_zo(mu=1e-3, seed=2), optax.MultiSteps(optax.sgd(lr), k))
-  _, _, traj = run(tx, 2 * k)
+  _, state, traj = run(tx, 2 * k)
+  assert int(hz.forward_passes(state)) == 2 * 2 * k  # every micro-step's passes counted
   # params move only every k-th step, by -lr * mean of the k estimates
   chex.assert_trees_all_close(traj[0], PARAMS)
   chex.assert_trees_all_close(traj[1], PARAMS)

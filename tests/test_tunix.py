@@ -103,12 +103,13 @@ def reference(model, tx, data):
 
   step = hz.make_train_step(tx, loss_fn, restore="exact")  # the trainer's default
   state = tx.init(params)
-  losses, grads = [], []
+  losses, grads, passes = [], [], []
   for x in data:
     params, state, loss = step(params, state, rest, x)
     losses.append(float(loss))
     grads.append(float(zt.projected_gradient(state)))
-  return params, state, losses, grads
+    passes.append(int(hz.forward_passes(state)))
+  return params, state, losses, grads, passes
 
 
 # The trainer carries whatever state the optimizer has: none beyond the key (MeZO), a
@@ -144,7 +145,7 @@ def test_trainer_gives_the_params_of_make_train_step(name):
   model = tiny_qwen3(dtype=jnp.float64)
   t = trainer(model, OPTIMIZERS[name](), steps=6)
   t.train(data)
-  want_params, want_state, want_losses, want_grads = reference(
+  want_params, want_state, want_losses, want_grads, want_passes = reference(
       tiny_qwen3(dtype=jnp.float64), OPTIMIZERS[name](), data)
   chex.assert_trees_all_close(trained(model), want_params, rtol=1e-9, atol=1e-12)
   chex.assert_trees_all_close(nnx.as_pure(t.optimizer.opt_state), want_state, rtol=1e-9,
@@ -155,6 +156,11 @@ def test_trainer_gives_the_params_of_make_train_step(name):
   np.testing.assert_allclose(log.get_metric_history("", zt.ZO_METRIC, "train"), want_grads,
                              rtol=1e-9, atol=1e-10)
   assert not log.metric_exists("", "grad_norm", "train")
+  # the executed count after each step: MeZO 2 a step; HiZOO(-L) 3 (l0 every step here)
+  np.testing.assert_array_equal(log.get_metric_history("", zt.PASSES_METRIC, "train"),
+                                want_passes)
+  per_step = 2 if name in ("mezo", "zo_adam") else 3
+  assert want_passes == [per_step * (k + 1) for k in range(6)]
   assert int(t.optimizer.step[...]) == 6 == t.train_steps
   if name == "schedule":  # the injected learning rate, logged as for a first-order run
     sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=optax.cosine_decay_schedule(1e-2, 6))
@@ -166,19 +172,43 @@ def test_trainer_gives_the_params_of_make_train_step(name):
         lrs, fo.metrics_logger.get_metric_history("", "learning_rate", "train"))
 
 
-def test_full_fine_tuning_and_gradient_accumulation():
-  """Without LoRA the trainer trains every nnx.Param; Tunix's gradient_accumulation_steps
-  wraps the optimizer in optax.MultiSteps, which the engine runs as the library does."""
-  data = batches(4)
+def test_full_fine_tuning():
+  """Without LoRA the trainer trains every nnx.Param, as make_train_step does."""
+  data = batches(3)
   model = tiny_qwen3(lora=False)
   assert zt.trainable_filter(model) is nnx.Param
-  t = trainer(model, hz.mezo(1e-2, mu=1e-2), steps=2, gradient_accumulation_steps=2)
+  t = trainer(model, hz.mezo(1e-2, mu=1e-2), steps=3)
   t.train(data)
-  want, *_ = reference(tiny_qwen3(lora=False), optax.MultiSteps(hz.mezo(1e-2, mu=1e-2), 2), data)
+  want, _, _, _, passes = reference(tiny_qwen3(lora=False), hz.mezo(1e-2, mu=1e-2), data)
   chex.assert_trees_all_equal(trained(model), want)
-  assert t.train_steps == 2 and t.iter_steps == 4
   assert not np.array_equal(jax.tree.leaves(want)[0],
                             jax.tree.leaves(trained(tiny_qwen3(lora=False)))[0])
+  assert t.train_steps == 3 and passes == [2, 4, 6]
+
+
+def test_gradient_accumulation_is_refused_before_tunix_sets_up():
+  """Tunix's accumulation wraps the optimizer in optax.MultiSteps, which keeps the ZO state
+  (and its direction) until it emits: each micro-batch's passes run, all but the last are
+  discarded and go uncounted. Shown on make_train_step, then refused by the trainer."""
+  calls = []
+
+  def loss(p):
+    jax.debug.callback(lambda: calls.append(1))
+    return jnp.sum(p["w"] ** 2)
+
+  tx = optax.MultiSteps(hz.mezo(1e-2), every_k_schedule=2)
+  params = {"w": jnp.ones(4)}
+  state = tx.init(params)
+  step = hz.make_train_step(tx, loss)
+  for _ in range(4):
+    params, state, _ = step(params, state)
+  jax.effects_barrier()
+  assert len(calls) == 8 and int(hz.forward_passes(state)) == 4  # 4 run, uncounted
+  with pytest.raises(ValueError, match="gradient_accumulation_steps > 1 .got 2.*larger"):
+    trainer(tiny_qwen3(), hz.mezo(1e-2, mu=1e-2), steps=2, gradient_accumulation_steps=2)
+  t = trainer(tiny_qwen3(), hz.mezo(1e-2, mu=1e-2), steps=1, gradient_accumulation_steps=1)
+  t.train(batches(1))  # one micro-batch a step: nothing discarded
+  assert t.train_steps == 1
 
 
 def test_custom_loss_with_aux_and_eval():
@@ -199,7 +229,7 @@ def test_custom_loss_with_aux_and_eval():
   t = Recording(tiny_qwen3(), hz.mezo(1e-2, mu=1e-2), config(3))
   t = t.with_gen_model_input_fn(gen_model_input).with_loss_fn(loss_fn, has_aux=True)
   t.train(data, eval_ds=data[:1])
-  _, state, losses, _ = reference(tiny_qwen3(), hz.mezo(1e-2, mu=1e-2), data)
+  _, state, losses, *_ = reference(tiny_qwen3(), hz.mezo(1e-2, mu=1e-2), data)
   # MeZO's logged loss is the mean of l+ and l-, and the aux is the mean of their aux: 2x
   np.testing.assert_allclose(np.stack(seen), 2 * np.float32(losses), rtol=1e-6)
   assert t.metrics_logger.metric_exists("", "loss", "eval")

@@ -763,7 +763,10 @@ def forward_passes(state: Any) -> jax.Array | None:
   Works on the state of any zeroth-order transform of the library or of any chain or
   wrapper holding one (``optax.chain``, ``optax.inject_hyperparams``, ...), also inside
   ``jax.jit``. Several zeroth-order transforms in one state are added up. A state that was
-  ``jax.vmap``-ed (over seeds, say) gives one count per member.
+  ``jax.vmap``-ed (over seeds, say) gives one count per member. The count is what the
+  states took in: under ``optax.MultiSteps`` wrapped around the transform, a micro-step
+  that does not emit runs its passes and discards them, uncounted (``MultiSteps`` after
+  the estimate, ``optax.chain(hz.scale_by_zo(), optax.MultiSteps(opt, k))``, counts all).
 
   Args:
     state: an optimizer state.

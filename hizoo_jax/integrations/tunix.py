@@ -20,7 +20,9 @@ trainer logs, instead of ``grad_norm``, ``zo_projected_grad``: the step's measur
 directional derivative ``(l+ - l-) / (2 mu)`` along its perturbation (the scalar the update
 is made of; the mean over directions with several). For MeZO's Gaussian ``z`` its square is
 an unbiased estimate of the squared gradient norm, so its RMS over a window of steps
-estimates the norm; for HiZOO, that of ``H^{-1/2}`` times the gradient.
+estimates the norm; for HiZOO, that of ``H^{-1/2}`` times the gradient. It also logs
+``zo_forward_passes``, the forward passes executed so far (:func:`hizoo_jax.forward_passes`):
+methods differ in passes per step, so compare runs by it, not by steps.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -44,6 +47,7 @@ import hizoo_jax as hz
 from hizoo_jax.models import peft
 
 ZO_METRIC = "zo_projected_grad"
+PASSES_METRIC = "zo_forward_passes"
 _ZO_STATES = (hz.ZOState,)
 _RESTORE_MODES = ("auto", "inplace", "exact")
 
@@ -52,6 +56,15 @@ _NO_ZO = (
     "hz.hizoo_l, hz.mezo, hz.presets.*, hz.scale_by_hizoo/scale_by_zo, or an Optax chain, "
     "schedule or wrapper around one); got one without. For a first-order optimizer use "
     "tunix.sft.peft_trainer.PeftTrainer.")
+
+_NO_ACCUMULATION = (
+    "ZOPeftTrainer does not take gradient_accumulation_steps > 1 (got {k}). Tunix "
+    "accumulates by wrapping the optimizer in optax.MultiSteps, which holds the zeroth-order "
+    "transform's state, and so its random direction, until it emits: every micro-batch's "
+    "forward passes would run, and all but the last micro-batch's measurements would be "
+    "discarded ({k} - 1 of every {k} micro-batches' passes wasted and left out of the "
+    "forward-pass count). Use a batch {k} times larger instead (a forward-only step keeps "
+    "no activations for a backward pass), or more steps.")
 
 
 def zo_states(opt_state: Any) -> list[Any]:
@@ -118,8 +131,10 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
   Same constructor and methods as ``tunix.sft.peft_trainer.PeftTrainer``: ``with_loss_fn``,
   ``with_gen_model_input_fn``, hooks, ``train(train_ds, eval_ds)``, checkpointing and resume
   (the optimizer state, the ZO transform's PRNG key and HiZOO's Hessian included, is Tunix's
-  ``nnx.Optimizer`` state), gradient accumulation (``optax.MultiSteps``), metrics, progress
-  bar and the mesh the training runs under. The train step is the library's lean engine
+  ``nnx.Optimizer`` state), metrics, progress bar and the mesh the training runs under.
+  Not gradient accumulation: Tunix's ``optax.MultiSteps`` would discard all but the last
+  micro-batch's zeroth-order measurements, so ``gradient_accumulation_steps > 1`` is refused
+  (use a larger batch). The train step is the library's lean engine
   (:func:`hizoo_jax.models.peft.nnx_zo_step`, i.e. :func:`hizoo_jax.make_train_step` traced
   into Tunix's ``nnx.jit``): the trainable params perturbed in place, the noise regenerated
   from the optimizer state's key, no params-sized temporary beyond the forward pass's.
@@ -127,7 +142,9 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
   Logged per step: Tunix's ``loss`` (the loss the ZO transform records: ``l0`` on HiZOO's
   Hessian steps, else the mean of ``l+`` and ``l-``), ``perplexity`` and ``learning_rate``
   (when the optimizer injects it, as in ``optax.inject_hyperparams(hz.hizoo)(...)``), and
-  ``zo_projected_grad`` in place of ``grad_norm`` (module docstring).
+  ``zo_projected_grad`` in place of ``grad_norm`` (module docstring), and
+  ``zo_forward_passes``, the forward passes executed up to the logged step (the optimizer
+  state's count; logged as Tunix logs every metric, in float32, exact up to 2**24).
 
   Args:
     model: the NNX model (with qwix LoRA applied for LoRA fine-tuning).
@@ -145,7 +162,8 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
       copy the params once for HiZOO's unperturbed pass (0.96 param bytes); ``"auto"``.
 
   Raises:
-    ValueError: ``optimizer`` contains no zeroth-order transform.
+    ValueError: ``optimizer`` contains no zeroth-order transform; ``restore`` is not one of
+      its modes; ``training_config.gradient_accumulation_steps`` is above 1.
   """
 
   def __init__(
@@ -161,6 +179,9 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
   ):
     if restore not in _RESTORE_MODES:
       raise ValueError(f"restore must be one of {_RESTORE_MODES}, got {restore!r}")
+    k = training_config.gradient_accumulation_steps
+    if k is not None and k > 1:
+      raise ValueError(_NO_ACCUMULATION.format(k=k))
     # Before Tunix builds its optimizer, checkpoint manager and logger where an abstract
     # init can tell (then nothing is set up for a refused optimizer), else on the state
     # Tunix builds, releasing what it set up.
@@ -184,7 +205,8 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
 
   def create_train_step_fn(self) -> Callable[..., tuple[Any, Any, Any]]:
     """The zeroth-order train step, ``step(model, optimizer, inputs) -> (loss, aux,
-    projected gradient)``: Tunix jits it with the optimizer donated."""
+    metrics)``, ``metrics`` the projected gradient and the forward passes executed so far:
+    Tunix jits it with the optimizer donated."""
     return self._zo_train_step
 
   def _zo_train_step(self, model: nnx.Module, optimizer: nnx.Optimizer,
@@ -194,16 +216,25 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
     out = peft.nnx_zo_step(optimizer, model, loss, has_aux=self._has_aux,
                            **self._zo_step_options)
     loss_value, aux = out if self._has_aux else (out, None)
-    return loss_value, aux, projected_gradient(nnx.as_pure(optimizer.opt_state))
+    state = nnx.as_pure(optimizer.opt_state)
+    return loss_value, aux, {ZO_METRIC: projected_gradient(state),
+                             PASSES_METRIC: hz.forward_passes(state)}
 
   def _buffer_metrics(self, metrics_buffer, loss, step, additional_metrics=None):
-    # Tunix's loop names the step's third output "grad_norm"; a ZO step has no gradient,
-    # and its third output is the projected gradient, logged under its own name.
+    # Tunix's loop logs the step's third output as "grad_norm" (averaged over the steps it
+    # buffers); a ZO step has no gradient, and its third output holds the projected
+    # gradient (averaged the same way) and the forward-pass count (the latest: the count
+    # is cumulative), each logged under its own name.
     if additional_metrics and "grad_norm" in additional_metrics:
       additional_metrics = dict(additional_metrics)
-      additional_metrics[ZO_METRIC] = additional_metrics.pop("grad_norm")
+      value, op = additional_metrics.pop("grad_norm")
+      if isinstance(value, dict):
+        additional_metrics[ZO_METRIC] = (value[ZO_METRIC], op)
+        additional_metrics[PASSES_METRIC] = (value[PASSES_METRIC], np.max)
+      else:  # a step function of a subclass that returns the projected gradient alone
+        additional_metrics[ZO_METRIC] = (value, op)
     return super()._buffer_metrics(metrics_buffer, loss, step, additional_metrics)
 
 
-__all__ = ["ZO_METRIC", "ZOPeftTrainer", "check_zeroth_order", "projected_gradient",
-           "trainable_filter", "zo_states"]
+__all__ = ["PASSES_METRIC", "ZO_METRIC", "ZOPeftTrainer", "check_zeroth_order",
+           "projected_gradient", "trainable_filter", "zo_states"]
