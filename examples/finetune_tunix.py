@@ -269,9 +269,13 @@ def run(args) -> dict:
   skip = min(3, len(timer.times) - 2)  # compilation is in the first steps
   per_step = (float(np.median(np.diff(timer.times[skip:]))) if len(timer.times) > skip + 1
               else float("nan"))
+  # The forward passes the zeroth-order run executed (None for first-order Adam): methods
+  # differ in passes per step (MeZO 2, HiZOO 3), so compare them by these, not by steps.
+  passes = hz.forward_passes(nnx.as_pure(trainer.optimizer.opt_state))
   return dict(optimizer=args.optimizer, device=dev0.device_kind, dtype=args.dtype,
               params=int(n_all), lora_params=int(n_lora), steps=args.steps,
               batch_size=args.batch_size, max_length=args.max_length,
+              forward_passes=None if passes is None else int(passes),
               sec_per_step=per_step, peak_bytes=stats.get("peak_bytes_in_use"),
               loss_before=before, loss_after=after)
 
@@ -297,12 +301,14 @@ def gpu_table(args) -> None:
   lines = [f"Tunix Llama 3.2 1B configuration (random weights, {rows[0]['params']:,} params), "
            f"bfloat16, qwix LoRA rank 8 on q/v ({rows[0]['lora_params']:,} params), batch 16 x "
            f"64 tokens, {args.steps} steps, {rows[0]['device']}.", "",
-           "| trainer / optimizer | s/step (median) | peak device memory (GiB) | loss |",
-           "|---|---|---|---|"]
+           "| trainer / optimizer | s/step (median) | forward passes | peak device memory (GiB) "
+           "| loss |",
+           "|---|---|---|---|---|"]
   for r in rows:
     peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
     who = "PeftTrainer / adam" if r["optimizer"] == "adam" else f"ZOPeftTrainer / {r['optimizer']}"
-    lines.append(f"| {who} | {r['sec_per_step']:.4f} | {peak} | "
+    fp = "backprop" if r.get("forward_passes") is None else f"{r['forward_passes']:,}"
+    lines.append(f"| {who} | {r['sec_per_step']:.4f} | {fp} | {peak} | "
                  f"{r['loss_before']:.4f} -> {r['loss_after']:.4f} |")
   table = "\n".join(lines) + "\n"
   with open(os.path.join(args.out, "gpu_table.md"), "w") as fh:
@@ -351,8 +357,10 @@ def main(argv=None) -> None:
   if args.json:
     with open(args.json, "w") as fh:
       json.dump(r, fh, indent=1)
+  fp = ("" if r["forward_passes"] is None
+        else f", {r['forward_passes']:,} forward passes in {r['steps']} steps")
   print(f"{r['optimizer']}: {r['params']:,} params, {r['lora_params']:,} LoRA params trained, "
-        f"{r['sec_per_step']:.4f} s/step on {r['device']}")
+        f"{r['sec_per_step']:.4f} s/step on {r['device']}{fp}")
   print(f"loss {r['loss_before']:.4f} -> {r['loss_after']:.4f}")
 
 

@@ -7,6 +7,7 @@ without a zeroth-order transform. Skipped where Tunix (extra ``tunix``) is not i
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -469,10 +470,40 @@ def test_example_reads_a_checkpoint_and_refuses_a_rope_tunix_misreads(tmp_path, 
   with open(tmp_path / "config.json", "w") as fh:
     json.dump(dict(cfg, rope_parameters={"rope_theta": 1e6, "rope_type": "default"}), fh)
   example.main(["--model", str(tmp_path), "--smoke", "--steps", "20", "--optimizer", "mezo"])
-  before, after = _loss_line(capsys.readouterr().out)
+  printed = capsys.readouterr().out
+  before, after = _loss_line(printed)
   assert np.isfinite(before) and np.isfinite(after) and after != before
+  assert "40 forward passes in 20 steps" in printed  # MeZO: 2 a step, from the state
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
   ckpt_dir, n_steps, kill, out_path = sys.argv[2:6]
   _run_worker(ckpt_dir, int(n_steps), int(kill) if kill else None, out_path or None)
+
+
+def test_example_gpu_table_formats_its_rows(tmp_path, monkeypatch):
+  """``--gpu-table`` (run on a GPU only): one process per row, read back into a table with
+  the forward passes each zeroth-order run executed (backprop for Adam). The processes are
+  replaced by rows written as ``run`` writes them."""
+  sys.path.insert(0, os.path.join(ROOT, "examples"))
+  try:
+    import finetune_tunix as example
+  finally:
+    sys.path.pop(0)
+  passes = {"adam": None, "mezo": 20, "hizoo": 30, "hizoo_l": 30}
+
+  def fake_run(cmd, check):
+    name = cmd[cmd.index("--optimizer") + 1]
+    row = dict(optimizer=name, device="fake", dtype="bfloat16", params=10, lora_params=2,
+               steps=10, batch_size=16, max_length=64, forward_passes=passes[name],
+               sec_per_step=0.5, peak_bytes=2**30, loss_before=0.7, loss_after=0.6)
+    with open(cmd[cmd.index("--json") + 1], "w") as fh:
+      json.dump(row, fh)
+
+  monkeypatch.setattr(example.subprocess, "run", fake_run)
+  args = argparse.Namespace(out=str(tmp_path), steps=10, data=None)
+  example.gpu_table(args)
+  table = (tmp_path / "gpu_table.md").read_text()
+  assert "| PeftTrainer / adam | 0.5000 | backprop | 1.00 | 0.7000 -> 0.6000 |" in table
+  assert "| ZOPeftTrainer / hizoo | 0.5000 | 30 | 1.00 | 0.7000 -> 0.6000 |" in table
+  assert table.count("\n|") == 6  # header, rule, four rows
