@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -277,3 +279,31 @@ def test_forward_passes_reads_the_count_through_wrappers_jit_and_vmap():
   np.testing.assert_array_equal(hz.forward_passes(init), np.zeros(3, np.int32))
   stacked = jax.tree.map(lambda *x: jnp.stack(x), a, a)
   np.testing.assert_array_equal(hz.forward_passes(stacked), [4, 4])
+
+
+def test_multisteps_around_a_zo_transform_warns_that_it_discards_micro_steps():
+  """optax.MultiSteps(hz.mezo(...), k) holds the ZO state (its direction) until it emits:
+  each micro-step runs its passes along the same direction, and all but the last are
+  discarded, uncounted. The engine says so when it traces such a step; MultiSteps after
+  the estimate (accumulation proper) is silent."""
+  calls = []
+
+  def counted_loss(p):
+    jax.debug.callback(lambda: calls.append(1))
+    return loss(p)
+
+  around = optax.MultiSteps(hz.mezo(1e-3), every_k_schedule=2)
+  after = optax.chain(hz.scale_by_zo(mu=1e-3), optax.MultiSteps(optax.sgd(1e-3), 2))
+  for tx, warns in ((around, True), (after, False)):
+    calls.clear()
+    params, state = jax.tree.map(jnp.copy, PARAMS), tx.init(PARAMS)
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      step = hz.make_train_step(tx, counted_loss)
+      for _ in range(4):
+        params, state, _ = step(params, state)
+    jax.effects_barrier()
+    hit = [w for w in caught if "MultiSteps wraps a zeroth-order" in str(w.message)]
+    assert len(hit) == (1 if warns else 0)
+    assert len(calls) == 8  # 2 passes in each of the 4 micro-steps, either way
+    assert int(hz.forward_passes(state)) == (4 if warns else 8)

@@ -58,6 +58,7 @@ call of a first-order Adam step, benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -221,6 +222,22 @@ def _probe(tx, params, opt_state) -> tuple[list, list]:
   probe = _Probe()
   _, probed = tx.update(_zeros_like(params), opt_state, params, zo_probe=probe)
   return probe.found, _zo_states(probed)
+
+
+_MULTISTEPS_AROUND_ZO = (
+    "optax.MultiSteps wraps a zeroth-order transform: it holds the transform's state, and "
+    "so its random direction, until it emits, so every micro-step runs its forward passes "
+    "along the same direction and all but the emitting one's measurements are discarded "
+    "(and left out of hz.forward_passes). To average the estimates of k micro-steps, put "
+    "MultiSteps after the estimate: optax.chain(hz.scale_by_zo(...), optax.MultiSteps(opt, k)).")
+
+
+def _warn_multisteps_around_zo(opt_state) -> None:
+  is_multi = lambda x: isinstance(x, optax.MultiStepsState)  # noqa: E731
+  for node in jax.tree.leaves(opt_state, is_leaf=is_multi):
+    if is_multi(node) and _zo_states(node.inner_opt_state):
+      warnings.warn(_MULTISTEPS_AROUND_ZO, UserWarning, stacklevel=2)
+      return
 
 
 def _locate(tx, params, opt_state) -> _Located | None:
@@ -764,6 +781,7 @@ def make_train_step(
                          batch_probes=batch_probes)
 
   def traced_step(params, opt_state, *batch):
+    _warn_multisteps_around_zo(opt_state)  # at trace time: once per compiled step
     if lean is False:
       return plain(params, opt_state, *batch)
     if lean is True:
