@@ -165,6 +165,15 @@ TABLES.update({
     # unstable at 5.62e-4 after 2,000 passes); the grid widens by half-decades until the best
     # is interior. One table per schedule, so that two queues run side by side; no
     # refinement (an hour a point).
+    # Full fine-tuning at 20,000 passes, the way the LoRA tables below ran: each schedule
+    # its own table (two queues side by side), starting at the 4,000-pass selection (1e-5
+    # for both schedules) and the half-decade below, widened by half-decades until the best
+    # is interior, no refinement (2.5 hours a point on a free core), then the selection at
+    # seeds 1 and 2. The same interior rule as sst2_ft_mezo, from 2 starting points where
+    # that grid has 5 (and a refinement): about 4 runs a schedule instead of 7.
+    **{f"sst2_long_ft_{sch}": [Grid("sst2_ft_full", "mezo", (-20, -22), (sch,), (0,),
+                                    20_000, 2_000, MEZO_MU, refine=False,
+                                    confirm_seeds=(1, 2))] for sch in ("constant", "cosine")},
     "sst2_long_lora_cosine": [Grid("sst2_lora_full", "mezo", (-13, -15),
                                    ("cosine",), (0,), 20_000, 2_000, MEZO_MU, refine=False,
                                    confirm_seeds=(1, 2))],
