@@ -8,6 +8,7 @@
 """
 
 from hizoo_jax import method, presets
+from hizoo_jax._src.accumulate import AccumulateState, accumulate
 from hizoo_jax._src.alias import (
     forward_gradient,
     fzoo,
@@ -48,11 +49,13 @@ from hizoo_jax._src.transform import (
 __version__ = "0.4.1"
 
 __all__ = [
+    "AccumulateState",
     "FactoredHessian",
     "GlobalRMSState",
     "HiZOOState",
     "Sampler",
     "ZOState",
+    "accumulate",
     "fast_gaussian",
     "fast_rademacher",
     "forward_gradient",

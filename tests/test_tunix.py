@@ -187,29 +187,51 @@ def test_full_fine_tuning():
   assert t.train_steps == 3 and passes == [2, 4, 6]
 
 
-def test_gradient_accumulation_is_refused_before_tunix_sets_up():
-  """Tunix's accumulation wraps the optimizer in optax.MultiSteps, which keeps the ZO state
-  (and its direction) until it emits: each micro-batch's passes run, all but the last are
-  discarded and go uncounted. Shown on make_train_step, then refused by the trainer."""
-  calls = []
+def test_gradient_accumulation_measures_every_micro_batch():
+  """Tunix's gradient_accumulation_steps = k runs hz.accumulate (not Tunix's optax.MultiSteps,
+  which would discard all but the last micro-batch's measurements): the params of
+  make_train_step with hz.accumulate on the same micro-batches, every micro-batch's passes
+  counted, steps counted as Tunix counts them; a checkpoint taken at a step resumes at
+  its micro-step. (That hz.accumulate's step is the larger batch's: test_composition.py.)"""
+  data = batches(4)
+  model = tiny_qwen3(lora=False)
+  t = trainer(model, hz.mezo(1e-2, mu=1e-2), steps=2, gradient_accumulation_steps=2)
+  assert not any(isinstance(x, optax.MultiStepsState) for x in jax.tree.leaves(
+      nnx.as_pure(t.optimizer.opt_state), is_leaf=lambda x: isinstance(x, optax.MultiStepsState)))
+  t.train(data)
+  want, state, *_ = reference(tiny_qwen3(lora=False), hz.accumulate(hz.mezo(1e-2, mu=1e-2), 2),
+                              data)
+  chex.assert_trees_all_equal(trained(model), want)
+  assert not np.array_equal(jax.tree.leaves(want)[0],
+                            jax.tree.leaves(trained(tiny_qwen3(lora=False)))[0])
+  assert t.train_steps == 2 and t.iter_steps == 4 and int(hz.forward_passes(state)) == 8
+  # logged once per step (two micro-batches each): the count after its last micro-batch
+  np.testing.assert_array_equal(
+      t.metrics_logger.get_metric_history("", zt.PASSES_METRIC, "train"), [4, 8])
 
-  def loss(p):
-    jax.debug.callback(lambda: calls.append(1))
-    return jnp.sum(p["w"] ** 2)
 
-  tx = optax.MultiSteps(hz.mezo(1e-2), every_k_schedule=2)
-  params = {"w": jnp.ones(4)}
-  state = tx.init(params)
-  step = hz.make_train_step(tx, loss)
-  for _ in range(4):
-    params, state, _ = step(params, state)
-  jax.effects_barrier()
-  assert len(calls) == 8 and int(hz.forward_passes(state)) == 4  # 4 run, uncounted
-  with pytest.raises(ValueError, match="gradient_accumulation_steps > 1 .got 2.*larger"):
-    trainer(tiny_qwen3(), hz.mezo(1e-2, mu=1e-2), steps=2, gradient_accumulation_steps=2)
-  t = trainer(tiny_qwen3(), hz.mezo(1e-2, mu=1e-2), steps=1, gradient_accumulation_steps=1)
-  t.train(batches(1))  # one micro-batch a step: nothing discarded
-  assert t.train_steps == 1
+def test_gradient_accumulation_resumes_at_its_micro_step(tmp_path):
+  """A run with k = 2 stopped after 2 steps and resumed from its checkpoint by a new trainer
+  skips the 4 micro-batches it trained on (Tunix counts them from the restored steps) and
+  gives the params of a run never stopped, bit for bit."""
+  opts = ocp.CheckpointManagerOptions(save_interval_steps=1, max_to_keep=5,
+                                      enable_async_checkpointing=False)
+  data = batches(6)
+  tx = lambda: hz.mezo(1e-2, mu=1e-2)  # noqa: E731
+  kw = dict(gradient_accumulation_steps=2, checkpoint_root_directory=str(tmp_path),
+            checkpointing_options=opts)
+  first = trainer(tiny_qwen3(), tx(), steps=2, **kw)
+  first.train(data)
+  first.close()
+  model = tiny_qwen3()
+  resumed = trainer(model, tx(), steps=3, **kw)
+  assert resumed.train_steps == 2 and resumed.iter_steps == 4
+  resumed.train(data)
+  straight = tiny_qwen3()
+  trainer(straight, tx(), steps=3, gradient_accumulation_steps=2).train(data)
+  chex.assert_trees_all_equal(trained(model), trained(straight))
+  assert resumed.train_steps == 3 and int(hz.forward_passes(
+      nnx.as_pure(resumed.optimizer.opt_state))) == 12
 
 
 def test_custom_loss_with_aux_and_eval():

@@ -228,8 +228,8 @@ _MULTISTEPS_AROUND_ZO = (
     "optax.MultiSteps wraps a zeroth-order transform: it holds the transform's state, and "
     "so its random direction, until it emits, so every micro-step runs its forward passes "
     "along the same direction and all but the emitting one's measurements are discarded "
-    "(and left out of hz.forward_passes). To average the estimates of k micro-steps, put "
-    "MultiSteps after the estimate: optax.chain(hz.scale_by_zo(...), optax.MultiSteps(opt, k)).")
+    "(and left out of hz.forward_passes). For gradient accumulation use hz.accumulate(tx, k): "
+    "the step's direction measured on k micro-batches, the step the k together would give.")
 
 
 def _warn_multisteps_around_zo(opt_state) -> None:

@@ -226,7 +226,7 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
     return g, ZOState(
         count=optax.safe_increment(state.count),
         key=jax.random.key_data(next_key).astype(state.key.dtype),
-        forward_passes=_add_saturating(state.forward_passes, passes_now),
+        forward_passes=add_saturating(state.forward_passes, passes_now),
         loss=stats["loss"].astype(dtype),
         losses=measured.values.astype(dtype),
         skipped_directions=state.skipped_directions
@@ -252,7 +252,7 @@ def _check_state(method: m.Method, hyper: dict, state: ZOState, params: Any) -> 
   cfg.check_state_matches((state.losses, state.method), expected, "zeroth-order part")
 
 
-def _add_saturating(total: jax.Array, n: jax.Array) -> jax.Array:
+def add_saturating(total: jax.Array, n: jax.Array) -> jax.Array:
   """``total + n`` for int32 counters, stopping at the largest int32 instead of wrapping."""
   top = jnp.iinfo(total.dtype).max
   return jnp.where(total > top - n, top, total + n).astype(total.dtype)
@@ -765,8 +765,8 @@ def forward_passes(state: Any) -> jax.Array | None:
   ``jax.jit``. Several zeroth-order transforms in one state are added up. A state that was
   ``jax.vmap``-ed (over seeds, say) gives one count per member. The count is what the
   states took in: under ``optax.MultiSteps`` wrapped around the transform, a micro-step
-  that does not emit runs its passes and discards them, uncounted (``MultiSteps`` after
-  the estimate, ``optax.chain(hz.scale_by_zo(), optax.MultiSteps(opt, k))``, counts all).
+  that does not emit runs its passes and discards them, uncounted (:func:`accumulate`
+  measures and counts every micro-batch).
 
   Args:
     state: an optimizer state.
@@ -782,5 +782,5 @@ def forward_passes(state: Any) -> jax.Array | None:
     return None
   total = jnp.asarray(counters[0])
   for c in counters[1:]:
-    total = _add_saturating(total, jnp.asarray(c))
+    total = add_saturating(total, jnp.asarray(c))
   return total

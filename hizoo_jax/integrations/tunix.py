@@ -27,6 +27,7 @@ methods differ in passes per step, so compare runs by it, not by steps.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ import optax
 from flax import nnx
 
 try:
-  from tunix.sft import peft_trainer
+  from tunix.sft import peft_trainer, profiler
   from tunix.sft import utils as tunix_utils
 except ImportError as e:  # pragma: no cover - depends on the environment
   raise ImportError(
@@ -56,16 +57,6 @@ _NO_ZO = (
     "hz.hizoo_l, hz.mezo, hz.presets.*, hz.scale_by_hizoo/scale_by_zo, or an Optax chain, "
     "schedule or wrapper around one); got one without. For a first-order optimizer use "
     "tunix.sft.peft_trainer.PeftTrainer.")
-
-_NO_ACCUMULATION = (
-    "ZOPeftTrainer does not take gradient_accumulation_steps > 1 (got {k}). Tunix "
-    "accumulates by wrapping the optimizer in optax.MultiSteps, which holds the zeroth-order "
-    "transform's state, and so its random direction, until it emits: every micro-batch's "
-    "forward passes would run, and all but the last micro-batch's measurements would be "
-    "discarded ({k} - 1 of every {k} micro-batches' passes wasted and left out of the "
-    "forward-pass count). Use a batch {k} times larger instead (a forward-only step keeps "
-    "no activations for a backward pass), or more steps.")
-
 
 def zo_states(opt_state: Any) -> list[Any]:
   """The zeroth-order transforms' states (``hz.ZOState``) in
@@ -132,12 +123,14 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
   ``with_gen_model_input_fn``, hooks, ``train(train_ds, eval_ds)``, checkpointing and resume
   (the optimizer state, the ZO transform's PRNG key and HiZOO's Hessian included, is Tunix's
   ``nnx.Optimizer`` state), metrics, progress bar and the mesh the training runs under.
-  Not gradient accumulation: Tunix's ``optax.MultiSteps`` would discard all but the last
-  micro-batch's zeroth-order measurements, so ``gradient_accumulation_steps > 1`` is refused
-  (use a larger batch). The train step is the library's lean engine
-  (:func:`hizoo_jax.models.peft.nnx_zo_step`, i.e. :func:`hizoo_jax.make_train_step` traced
-  into Tunix's ``nnx.jit``): the trainable params perturbed in place, the noise regenerated
-  from the optimizer state's key, no params-sized temporary beyond the forward pass's.
+  ``gradient_accumulation_steps = k`` runs :func:`hizoo_jax.accumulate` instead of Tunix's
+  ``optax.MultiSteps`` (which would discard all but the last micro-batch's zeroth-order
+  measurements): each step's direction is measured on its ``k`` micro-batches and the step
+  made from the means, the step the ``k`` micro-batches together would give. The train
+  step is the library's lean engine (:func:`hizoo_jax.models.peft.nnx_zo_step`, i.e.
+  :func:`hizoo_jax.make_train_step` traced into Tunix's ``nnx.jit``): the trainable params
+  perturbed in place, the noise regenerated from the optimizer state's key, no params-sized
+  temporary beyond the forward pass's.
 
   Logged per step: Tunix's ``loss`` (the loss the ZO transform records: ``l0`` on HiZOO's
   Hessian steps, else the mean of ``l+`` and ``l-``), ``perplexity`` and ``learning_rate``
@@ -162,8 +155,8 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
       copy the params once for HiZOO's unperturbed pass (0.96 param bytes); ``"auto"``.
 
   Raises:
-    ValueError: ``optimizer`` contains no zeroth-order transform; ``restore`` is not one of
-      its modes; ``training_config.gradient_accumulation_steps`` is above 1.
+    ValueError: ``optimizer`` contains no zeroth-order transform (or, with gradient
+      accumulation, more than one); ``restore`` is not one of its modes.
   """
 
   def __init__(
@@ -179,9 +172,6 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
   ):
     if restore not in _RESTORE_MODES:
       raise ValueError(f"restore must be one of {_RESTORE_MODES}, got {restore!r}")
-    k = training_config.gradient_accumulation_steps
-    if k is not None and k > 1:
-      raise ValueError(_NO_ACCUMULATION.format(k=k))
     # Before Tunix builds its optimizer, checkpoint manager and logger where an abstract
     # init can tell (then nothing is set up for a refused optimizer), else on the state
     # Tunix builds, releasing what it set up.
@@ -193,8 +183,28 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
     except Exception:  # noqa: BLE001 - the abstract init needs concrete hyperparameters
       checked = False
     self._zo_step_options = {"restore": restore}
-    super().__init__(model, optimizer, training_config, metrics_logger=metrics_logger,
+    # Gradient accumulation: Tunix would wrap the optimizer in optax.MultiSteps, which holds
+    # the zeroth-order state (and its direction) until it emits and so discards all but the
+    # last micro-batch's measurements. hz.accumulate measures the step's direction on every
+    # micro-batch instead. Tunix gets a config without accumulation (no MultiSteps) and then
+    # the real one, which its loop reads to count micro-steps into steps.
+    k = training_config.gradient_accumulation_steps
+    accumulating = k is not None and k > 1
+    if accumulating:
+      optimizer = hz.accumulate(optimizer, k)
+    tunix_config = (dataclasses.replace(training_config, gradient_accumulation_steps=None)
+                    if accumulating else training_config)
+    super().__init__(model, optimizer, tunix_config, metrics_logger=metrics_logger,
                      perf_tracer=perf_tracer, perf_tracer_v2=perf_tracer_v2)
+    if accumulating:
+      # What PeftTrainer.__init__ derives from the accumulation (Tunix 0.1.x): the
+      # micro-step count a restored run resumes at, and the profiler's last step.
+      self.config = training_config
+      self._iter_steps = self._train_steps * k
+      self._prof = profiler.Profiler(
+          initial_step=self._iter_steps,
+          max_step=None if training_config.max_steps is None else training_config.max_steps * k,
+          profiler_options=training_config.profiler_options)
     if not checked:
       try:
         check_zeroth_order(model, optimizer, nnx.as_pure(self.optimizer.opt_state))
