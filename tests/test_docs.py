@@ -154,7 +154,7 @@ def test_optax_guide_snippet_builds():
   block = re.search(r"# Composing with Optax.*?```python\n(.*?)```", _page("guides/optax.md"),
                     re.S)
   code = "import optax, hizoo_jax as hz, jax.numpy as jnp\n" + block.group(1) + (
-      "\nfor tx in (zo_adam, zo_sgd_mmt, zo_sign, accumulate, scheduled):\n"
+      "\nfor tx in (zo_adam, zo_sgd_mmt, zo_sign, averaged, accumulate, scheduled):\n"
       "    p = {'x': jnp.ones(3)}\n"
       "    s = tx.init(p)\n"
       "    u, s = tx.update(None, s, p, value_fn=lambda q: jnp.sum(q['x'] ** 2))\n"
