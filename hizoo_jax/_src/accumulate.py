@@ -43,8 +43,7 @@ class AccumulateState(NamedTuple):
 
 
 def _the_zo_state(state: Any) -> transform.ZOState:
-  found = [s for s in jax.tree.leaves(state, is_leaf=transform.is_zo_state)
-           if transform.is_zo_state(s)]
+  found = transform.zo_states(state)
   if len(found) != 1:
     raise ValueError(f"accumulate needs an optimizer with exactly one zeroth-order transform; "
                      f"its state holds {len(found)}")

@@ -109,7 +109,7 @@ class _Located:
     """The same transform, reading its key and method state from ``opt_state`` (a state
     of the same structure, e.g. the copy a loop carries) and keeping the options in
     effect that the probe found; no second probe trace."""
-    zo = _zo_states(opt_state)[self.index]
+    zo = transform.zo_states(opt_state)[self.index]
     return dataclasses.replace(self, state=zo._replace(hyper=self.state.hyper))
 
   def view(self, params):
@@ -212,16 +212,10 @@ def _zeros_like(params):
   return jax.tree.map(jnp.zeros_like, params)
 
 
-def _zo_states(opt_state) -> list:
-  """The ZO transforms' states in ``opt_state``, in tree order."""
-  return [x for x in jax.tree.leaves(opt_state, is_leaf=transform.is_zo_state)
-          if transform.is_zo_state(x)]
-
-
 def _probe(tx, params, opt_state) -> tuple[list, list]:
   probe = _Probe()
   _, probed = tx.update(_zeros_like(params), opt_state, params, zo_probe=probe)
-  return probe.found, _zo_states(probed)
+  return probe.found, transform.zo_states(probed)
 
 
 _MULTISTEPS_AROUND_ZO = (
@@ -235,7 +229,7 @@ _MULTISTEPS_AROUND_ZO = (
 def _warn_multisteps_around_zo(opt_state) -> None:
   is_multi = lambda x: isinstance(x, optax.MultiStepsState)  # noqa: E731
   for node in jax.tree.leaves(opt_state, is_leaf=is_multi):
-    if is_multi(node) and _zo_states(node.inner_opt_state):
+    if is_multi(node) and transform.zo_states(node.inner_opt_state):
       warnings.warn(_MULTISTEPS_AROUND_ZO, UserWarning, stacklevel=2)
       return
 
@@ -493,7 +487,7 @@ def _with_method_states(opt_state, source):
 
 def _logged_loss(opt_state):
   """The loss the (first) ZO state recorded for the step."""
-  return _zo_states(opt_state)[0].loss
+  return transform.zo_states(opt_state)[0].loss
 
 
 def _outputs(params, opt_state, aux, has_aux, loss=None):

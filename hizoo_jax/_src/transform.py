@@ -97,6 +97,11 @@ def is_zo_state(x: Any) -> bool:
   return isinstance(x, ZOState)
 
 
+def zo_states(state: Any) -> list[ZOState]:
+  """The zeroth-order transforms' states in ``state`` (any optimizer state), in tree order."""
+  return [x for x in jax.tree.leaves(state, is_leaf=is_zo_state) if is_zo_state(x)]
+
+
 # ----------------------------------------------------------------------------------------
 # Masked views: optax.masked hands the transform only the selected leaves.
 
@@ -776,8 +781,7 @@ def forward_passes(state: Any) -> jax.Array | None:
     zeroth-order transform (a first-order optimizer's state). Counts stop at the largest
     int32 instead of wrapping.
   """
-  counters = [s.forward_passes for s in jax.tree.leaves(state, is_leaf=is_zo_state)
-              if is_zo_state(s)]
+  counters = [s.forward_passes for s in zo_states(state)]
   if not counters:
     return None
   total = jnp.asarray(counters[0])
