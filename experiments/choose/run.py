@@ -174,6 +174,17 @@ TABLES.update({
     **{f"sst2_long_ft_{sch}": [Grid("sst2_ft_full", "mezo", (-20, -22), (sch,), (0,),
                                     20_000, 2_000, MEZO_MU, refine=False,
                                     confirm_seeds=(1, 2))] for sch in ("constant", "cosine")},
+    # The methods against that baseline, at the same 20,000 passes (queued behind the
+    # baseline's grids): FZOO (8 probes, 19,998 passes = 2,222 steps of 9) under the
+    # constant schedule, its better one at 4,000 passes (5.62e-4 selected there, interior),
+    # and MeZO perturbing layers 1-3 only, which gained 1.6x the baseline's training CE at
+    # 4,000 passes (1.78e-5 selected there). Each starts at its 4,000-pass selection and
+    # the half-decade below, widened until interior, then seeds 1 and 2.
+    "sst2_long_ft_fzoo": [Grid("sst2_ft_full", "fzoo", (-13, -15), ("constant",), (0,),
+                               19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)), "_n8",
+                               refine=False, confirm_seeds=(1, 2))],
+    "sst2_long_ftl123": [Grid("sst2_ftl123_full", "mezo", (-19, -21), ("constant",), (0,),
+                              20_000, 2_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))],
     "sst2_long_lora_cosine": [Grid("sst2_lora_full", "mezo", (-13, -15),
                                    ("cosine",), (0,), 20_000, 2_000, MEZO_MU, refine=False,
                                    confirm_seeds=(1, 2))],
