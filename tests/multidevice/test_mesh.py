@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import hizoo_jax as hz
+from tests.helpers import tanh_mlp, tanh_mlp_loss
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute",
                "all-to-all")
@@ -32,18 +33,10 @@ def collective_sizes(hlo_text: str) -> list[tuple[str, int]]:
 
 
 def mlp(sizes, seed=0):
-  keys = jax.random.split(jax.random.key(seed), len(sizes))
-  return {f"l{i}": {"w": jax.random.normal(k, (a, b)) / np.sqrt(a), "b": jnp.zeros((b,))}
-          for i, (k, a, b) in enumerate(zip(keys, sizes[:-1], sizes[1:], strict=False))}
+  return tanh_mlp(sizes, seed=seed)
 
 
-def loss_fn(p, x, y):
-  h = x
-  for i in range(len(p)):
-    h = h @ p[f"l{i}"]["w"] + p[f"l{i}"]["b"]
-    if i < len(p) - 1:
-      h = jnp.tanh(h)
-  return jnp.mean((h - y) ** 2)
+loss_fn = tanh_mlp_loss
 
 
 SIZES = [16, 256, 256, 8]
