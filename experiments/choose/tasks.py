@@ -359,6 +359,12 @@ TASKS: dict[str, Any] = {
         mode="ft", data="full", layers=ls, paired_with="sst2_ft_full",
         name=f"sst2_ftl{''.join(map(str, ls))}_full")
        for ls in ((0, 1, 2, 3), (1, 2, 3), (2, 3))},
+    # Full fine-tuning at batch 64, paired with batch 16 by seed (the same probe start): the
+    # rate model (zo_rate.py) puts the minibatch gradient's squared norm at ~110x the true
+    # one's at batch 16, so a forward pass of 64 sentences should buy ~3.9x the loss
+    # decrease of a pass of 16 (and ~0.97x per sentence).
+    "sst2_ft_full_b64": SST2(mode="ft", data="full", batch_size=64, paired_with="sst2_ft_full",
+                             name="sst2_ft_full_b64"),
     # LoRA with the probe head frozen ("nh"), on every layer or on layers 1-3 only: the
     # head holds a fifth of LoRA's curvature and a twentieth of its gradient.
     **{f"sst2_lora{'' if ls is None else 'l' + ''.join(map(str, ls))}nh_full": SST2(
