@@ -330,3 +330,33 @@ def test_zo_rate_on_a_quadratic_with_known_statistics():
   np.testing.assert_allclose(rows[1]["relative_rate"], rate([0]) / rate([0, 1]), rtol=1e-9)
   np.testing.assert_allclose(rows[0]["lr_star"], np.sum(g2) / (np.sum(gb2) * np.sum(trh)),
                              rtol=1e-9)
+
+
+def test_zo_rate_batch_scaling_matches_enumerated_minibatches():
+  """zo_rate.batch_scaling predicts E|g_B|^2 at other batch sizes from one measurement. On 5
+  per-example gradients, minibatches drawn with replacement: the measurement at batch 1 and
+  every ordered minibatch of 2 and 3 enumerated give the same E|g_B|^2; the gain a step
+  makes at its best lr is |g|^4 / (2 E|g_B|^2 tr H), so per forward pass it scales as
+  1 / E|g_B|^2 and per example as 1 / (B E|g_B|^2)."""
+  import itertools
+
+  from experiments.choose import zo_rate
+
+  rng = np.random.default_rng(0)
+  per_example = rng.normal(size=(5, 7)) + 0.3
+  g = per_example.mean(0)
+
+  def exact(b):
+    return np.mean([np.sum(per_example[list(ix)].mean(0) ** 2)
+                    for ix in itertools.product(range(5), repeat=b)])
+
+  m = {"g2": [np.sum(g[:3] ** 2), np.sum(g[3:] ** 2)],  # two leaves: the sums are over both
+       "gb2": [np.sum(per_example[:, :3] ** 2) / 5, np.sum(per_example[:, 3:] ** 2) / 5]}
+  rows = zo_rate.batch_scaling(m, 1, (1, 2, 3))
+  g2 = np.sum(g ** 2)
+  for r in rows:
+    np.testing.assert_allclose(r["gb2_over_g2"] * g2, exact(r["batch"]), rtol=1e-12)
+    np.testing.assert_allclose(r["per_pass"], exact(1) / exact(r["batch"]), rtol=1e-12)
+    np.testing.assert_allclose(r["per_example"], exact(1) / (r["batch"] * exact(r["batch"])),
+                               rtol=1e-12)
+  assert rows[0]["per_pass"] == rows[0]["per_example"] == 1.0

@@ -33,6 +33,8 @@ the encoder layers only, ...), relative to every parameter::
     python -m experiments.choose.zo_rate --batches 256 --hvp 160 --hvp-seed 1 --offset 5000 \
         --out experiments/choose/results/zo_rate_sst2_ft_full_b.json   # independent
     python -m experiments.choose.zo_rate --load experiments/choose/results/zo_rate_sst2_ft_*
+    python -m experiments.choose.zo_rate --load experiments/choose/results/zo_rate_sst2_ft_* \
+        --batch-sizes 16 32 64 128 256    # the same rate at other batch sizes
 """
 
 from __future__ import annotations
@@ -189,6 +191,29 @@ def compare(ms: list[dict], subsets=None) -> str:
   return "\n".join(lines)
 
 
+def batch_scaling(m: dict, batch: int, sizes=(16, 32, 64, 128, 256, 1024)) -> list[dict]:
+  """The rate of every parameter at other batch sizes, from one measurement at ``batch``.
+
+  Minibatches of ``B`` independent examples have ``E|g_B|^2 = |g|^2 + s^2 / B`` (``s^2`` the
+  per-example variance, summed over parameters), so the measurement at ``batch`` gives
+  ``s^2`` and, with ``|g|^2`` and ``tr H`` unchanged, the best lr and the gain a step at it
+  makes at any ``B``. A step costs two forward passes of ``B`` examples whatever ``B``: the
+  gain per forward pass is the gain per step, the gain per example that over ``B``. Rows
+  relative to ``batch``. (Sampling without replacement from a finite set only lowers
+  ``s^2 / B`` further; not modelled.)"""
+  g2 = float(np.sum(m["g2"]))
+  gb2 = float(np.sum(m["gb2"]))
+  s2 = (gb2 - g2) * batch
+
+  def noise(b):
+    return g2 + s2 / b
+
+  return [{"batch": b, "gb2_over_g2": noise(b) / g2,
+           "per_pass": noise(batch) / noise(b),
+           "per_example": noise(batch) * batch / (noise(b) * b),
+           "lr_star": noise(batch) / noise(b)} for b in sizes]
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--task", default="sst2_ft_full")
@@ -202,7 +227,24 @@ def main() -> None:
   p.add_argument("--out", default=None, help="write the per-leaf measurements (JSON)")
   p.add_argument("--load", nargs="+", default=None,
                  help="report saved JSONs instead of measuring (several: side by side)")
+  p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                 help="with --load: the rate of every parameter at these batch sizes, "
+                      "relative to the task's (per forward pass and per example)")
   a = p.parse_args()
+  if a.load and a.batch_sizes:
+    from experiments.choose import tasks
+
+    for path in a.load:
+      with open(path) as fh:
+        m = json.load(fh)
+      b0 = tasks.TASKS[m["task"]].batch_size
+      print(f"{path} (measured at batch {b0}):")
+      print("| batch | E|g_B|² / |g|² | gain per forward pass | gain per example | best lr |")
+      print("|---|---|---|---|---|")
+      for r in batch_scaling(m, b0, a.batch_sizes):
+        print(f"| {r['batch']} | {r['gb2_over_g2']:.1f} | {r['per_pass']:.2f}x | "
+              f"{r['per_example']:.2f}x | {r['lr_star']:.2f}x |")
+    return
   if a.load and len(a.load) > 1:
     ms = []
     for path in a.load:
