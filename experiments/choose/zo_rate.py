@@ -239,7 +239,8 @@ def main() -> None:
         m = json.load(fh)
       b0 = tasks.TASKS[m["task"]].batch_size
       print(f"{path} (measured at batch {b0}):")
-      print("| batch | E|g_B|² / |g|² | gain per forward pass | gain per example | best lr |")
+      print("| batch | E\\|g_B\\|² / \\|g\\|² | gain per forward pass | gain per example "
+            "| best lr |")
       print("|---|---|---|---|---|")
       for r in batch_scaling(m, b0, a.batch_sizes):
         print(f"| {r['batch']} | {r['gb2_over_g2']:.1f} | {r['per_pass']:.2f}x | "
