@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_run.sh minilm  OUTDIR   # every method's step cost on MiniLM-L6
 #   bash benchmarks/gpu_run.sh llama1b OUTDIR   # the same on a 1.1B-parameter bf16 decoder
 #   bash benchmarks/gpu_run.sh harness OUTDIR   # the choose harness's gpu_sst2 table
+#   bash benchmarks/gpu_run.sh batch   OUTDIR   # a MeZO step on MiniLM at batch 16..1024
 #
 # from the repository root. Each part writes its JSON and log into OUTDIR (the gpu.py JSON
 # after every row, so a part cut off by a time limit keeps what it measured) and stops
@@ -12,7 +13,7 @@
 # cannot install packages: the weights from `python benchmarks/pack_minilm.py DIR` on
 # PYTHONPATH, and SST-2 at $HIZOO_SST2_DIR for the harness.
 set -uo pipefail
-part=${1:?minilm, llama1b or harness}
+part=${1:?minilm, llama1b, harness or batch}
 out=${2:?an output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -34,5 +35,8 @@ case "$part" in
     timeout "$limit" "$py" -m experiments.choose.run --table gpu_sst2 \
       --results "$out/harness_results" --ckpts "${TMPDIR:-/tmp}/hizoo-gpu-ckpts" 2>&1 \
       | tee "$out/harness.log" ;;
-  *) echo "unknown part $part: minilm, llama1b or harness" >&2; exit 2 ;;
+  batch)
+    timeout "$limit" "$py" benchmarks/batch_cost.py --batches 16 32 64 128 256 512 1024 \
+      --repeats 11 --out "$out/batch_cost.json" 2>&1 | tee "$out/batch.log" ;;
+  *) echo "unknown part $part: minilm, llama1b, harness or batch" >&2; exit 2 ;;
 esac

@@ -75,3 +75,44 @@ def test_pack_minilm_stores_the_weights_in_float16_and_loads_as_float32(tmp_path
   leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
   assert leaves and all(x.dtype == np.float32 for x in leaves)
   assert bert.load_tokenizer(out).encode("a test").ids[0] == 101  # [CLS]
+
+
+def test_batch_cost_rows_on_a_tiny_bert(tmp_path, monkeypatch):
+  """benchmarks/batch_cost.py: one row per batch size, each a real MeZO step (two forward
+  passes counted by its own state), times from the clock the script reads, written out."""
+  import json
+
+  import batch_cost
+
+  clock = FakeClock()
+  calls = []
+  real = batch_cost.time_calls
+
+  def timed(fn, *, repeats, warmup):  # the real timer, on a clock that a row's batch sets
+    calls.append((repeats, warmup))
+    rows = len(calls)
+    def work():
+      fn()  # the real step: its state counts its forward passes
+      clock.now += 0.5 * rows
+
+    return real(work, repeats=repeats, warmup=warmup)
+
+  monkeypatch.setattr(common.time, "perf_counter", clock)
+  monkeypatch.setattr(batch_cost, "time_calls", timed)
+  steps = []
+  real_row = batch_cost.row
+
+  def row(*args):
+    out = real_row(*args)
+    steps.append(out[1])
+    return out
+
+  monkeypatch.setattr(batch_cost, "row", row)
+  out = tmp_path / "b.json"
+  rows = batch_cost.main(["--tiny", "--batches", "2", "4", "--repeats", "3", "--length", "8",
+                          "--out", str(out)])
+  assert calls == [(3, 2), (3, 2)] and steps == [2, 2]
+  assert [r["batch"] for r in rows] == [2, 4]
+  assert [r["step_s"] for r in rows] == [0.5, 1.0]
+  assert [r["s_per_sentence"] for r in rows] == [0.25, 0.25]
+  assert json.loads(out.read_text())["rows"][1]["passes_per_step"] == 2
