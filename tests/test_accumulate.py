@@ -128,19 +128,33 @@ def test_bad_arguments_are_refused():
     hz.accumulate(two, 2).init(PARAMS)
 
 
-@pytest.mark.parametrize("name", ["mezo", "fzoo", "hizoo"])
+# Params-sized state leaves that the step rewrites and then reads in its update: each may
+# get one buffer of its own under accumulate (the docstring's bound).
+REWRITTEN = {"mezo": 0, "fzoo": 0, "hizoo": 1, "momentum": 1, "adam": 2}
+
+
+@pytest.mark.parametrize("name", list(REWRITTEN))
 def test_the_step_stays_lean(name):
   """Compiled temporaries over a forward pass, in param bytes, on a 4M-param MLP (float32):
   the accumulated step keeps its update a select, so MeZO and FZOO stay at what they cost
-  alone (~0.00); HiZOO's update reads the new H, which the held state may not keep, so the
-  new H gets a buffer of its own (measured 1.0, the docstring's figure)."""
+  alone (~0.00). A step whose update reads state it has just rewritten (HiZOO's H, a
+  momentum or Adam after the estimate) needs the new state while the held one may be kept,
+  so each such params-sized leaf may get a buffer of its own: HiZOO and momentum measured
+  1.0, Adam 1.5 of its bound 2."""
   rng = np.random.default_rng(1)
   params = {"w1": jnp.asarray(rng.standard_normal((512, 2048)) * 0.02, jnp.float32),
             "w2": jnp.asarray(rng.standard_normal((2048, 512)) * 0.02, jnp.float32)}
   x = jnp.asarray(rng.standard_normal((16, 512)), jnp.float32)
   f = lambda p, x: jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"] ** 2)  # noqa: E731
-  tx = {"mezo": hz.mezo(1e-3), "fzoo": hz.fzoo(1e-3), "hizoo": hz.hizoo(1e-3)}[name]
+  tx = {"mezo": lambda: hz.mezo(1e-3), "fzoo": lambda: hz.fzoo(1e-3),
+        "hizoo": lambda: hz.hizoo(1e-3),
+        "momentum": lambda: optax.chain(hz.scale_by_zo(), optax.sgd(1e-3, momentum=0.9)),
+        "adam": lambda: optax.chain(hz.scale_by_zo(), optax.adam(1e-3))}[name]()
   extra = lean_step_extra(hz.accumulate(tx, 4), f, params, x, in_a_user_jit=False)
   alone = lean_step_extra(tx, f, params, x, in_a_user_jit=False)
-  want = 1.0 if name == "hizoo" else 0.0
-  assert abs(extra["top level"] - alone["top level"] - want) < 0.05, (extra, alone)
+  assert alone["top level"] < 0.05, alone  # the bare step is lean
+  more = extra["top level"] - alone["top level"]
+  if name == "hizoo":  # the one the docs give as measured
+    assert abs(more - 1.0) < 0.05, (extra, alone)
+  else:
+    assert more < REWRITTEN[name] + 0.05, (extra, alone)

@@ -71,8 +71,11 @@ def accumulate(tx: optax.GradientTransformation, every_k: int
 
   A direction measured as non-finite on any micro-batch is dropped for the whole step (its
   mean is not finite), as the method drops it on one batch. The calls cost what the step
-  of ``tx`` costs, in the engine's memory too, except for HiZOO's dense ``H``: one
-  params-sized copy of it (measured).
+  of ``tx`` costs, in the engine's memory too (MeZO, FZOO, HiZOO-L: measured the same),
+  except for params-sized state that the step rewrites and then reads in its update
+  (HiZOO's dense ``H``, a momentum or Adam after the estimate): while the held state may
+  be kept, the new one gets a buffer of its own, one params-sized copy a leaf at most
+  (measured: HiZOO and momentum 1.0 of the params' bytes, Adam 1.5).
 
   Args:
     tx: an optimizer with exactly one zeroth-order transform of the library (any method,
@@ -113,9 +116,11 @@ def accumulate(tx: optax.GradientTransformation, every_k: int
     # The step from the means, computed on every call and kept on the k-th: a select, not a
     # lax.cond, so that the engine's in-place passes still fuse the update into the restore
     # (a cond's updates are a params-sized buffer of their own). One cost remains for a
-    # method whose update reads the state it rewrites (HiZOO's dense H): the new H is read
-    # by the params' pass and the state may keep the old one, so the new H gets a buffer
-    # of its own (measured: 1.0 param bytes of temporaries, none for MeZO or FZOO).
+    # step whose update reads state it rewrites (HiZOO's dense H, a momentum or Adam after
+    # the estimate): the new state is read by the params' pass and the held one may be
+    # kept, so the new state gets a buffer of its own (measured in param bytes of
+    # temporaries: HiZOO and momentum 1.0, Adam 1.5, MeZO and FZOO none; a lax.cond for
+    # the state alone, the update still a select, measured no better: Adam 2.0).
     rest = {n: v for n, v in extra.items() if n not in ("value_fn", "zo_losses")}
     given = extra.get("zo_losses")
     prepared = tuple(given[2:]) if given is not None else ()
