@@ -192,6 +192,11 @@ TABLES.update({
     # seeds 1 and 2. Compared per pass with the 20,000-pass batch-16 runs' curves.
     "sst2_short_b64": [Grid("sst2_ft_full_b64", "mezo", (-18, -20), ("constant",), (0,), 4_000,
                             1_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))],
+    # The same for LoRA, the example's --data configuration (the rate model: E|g_B|^2 /
+    # |g|^2 = 91-95 at batch 16, 3.9x a pass at 64): constant MeZO from 5.62e-4 (about 3.9x
+    # the tuned constant batch-16 rate, 1.78e-4) and 1.78e-4, widened until interior.
+    "sst2_short_lora_b64": [Grid("sst2_lora_full_b64", "mezo", (-13, -15), ("constant",), (0,),
+                                 4_000, 1_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))],
     "sst2_long_lora_cosine": [Grid("sst2_lora_full", "mezo", (-13, -15),
                                    ("cosine",), (0,), 20_000, 2_000, MEZO_MU, refine=False,
                                    confirm_seeds=(1, 2))],

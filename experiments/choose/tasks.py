@@ -363,8 +363,9 @@ TASKS: dict[str, Any] = {
     # rate model (zo_rate.py) puts the minibatch gradient's squared norm at ~110x the true
     # one's at batch 16, so a forward pass of 64 sentences should buy ~3.9x the loss
     # decrease of a pass of 16 (and ~0.97x per sentence).
-    "sst2_ft_full_b64": SST2(mode="ft", data="full", batch_size=64, paired_with="sst2_ft_full",
-                             name="sst2_ft_full_b64"),
+    **{f"sst2_{m}_full_b64": SST2(mode=m, data="full", batch_size=64,
+                                  paired_with=f"sst2_{m}_full", name=f"sst2_{m}_full_b64")
+       for m in ("ft", "lora")},
     # LoRA with the probe head frozen ("nh"), on every layer or on layers 1-3 only: the
     # head holds a fifth of LoRA's curvature and a twentieth of its gradient.
     **{f"sst2_lora{'' if ls is None else 'l' + ''.join(map(str, ls))}nh_full": SST2(
