@@ -231,6 +231,8 @@ def main() -> None:
                  help="with --load: the rate of every parameter at these batch sizes, "
                       "relative to the task's (per forward pass and per example)")
   a = p.parse_args()
+  if a.batch_sizes and not a.load:
+    p.error("--batch-sizes reads saved measurements: give them with --load")
   if a.load and a.batch_sizes:
     from experiments.choose import tasks
 
