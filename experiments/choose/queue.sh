@@ -8,7 +8,8 @@
 # The snapshot (in $CHOOSE_SNAPSHOT, default /tmp/choose_run) is hizoo_jax/, experiments/ and
 # examples/ of $CHOOSE_REF (default HEAD) plus the working tree's experiments/choose/. Results
 # and checkpoints go to this checkout's experiments/choose/{results,ckpt}; the log to
-# experiments/choose/logs/<first table>.log. Runs are niced and XLA is kept to one thread
+# experiments/choose/logs/<first table>.log (or $CHOOSE_LOG: two queues that start with the
+# same table keep separate logs). Runs are niced and XLA is kept to one thread
 # (the machine's two cores are shared). Resumable: run the same command again.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,6 +23,7 @@ git -C "$root" archive "$commit" hizoo_jax experiments examples | tar -x -C "$sn
 rm -rf "$snap/experiments/choose" && cp -r "$here" "$snap/experiments/choose"
 rm -rf "$snap/experiments/choose/results" "$snap/experiments/choose/ckpt"
 mkdir -p "$here/logs"
+log="${CHOOSE_LOG:-$here/logs/$1.log}"
 tables=()
 for t in "$@"; do tables+=(--table "$t"); done
 cd "$snap"
@@ -30,5 +32,5 @@ export CHOOSE_HIZOO_COMMIT="$commit"
 export HIZOO_SST2_DIR="${HIZOO_SST2_DIR:-$(cd "$root/.." && pwd)/shared/data/sst2}"
 export XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1}"
 nohup nice -n 15 "$py" -m experiments.choose.run "${tables[@]}" \
-  --results "$here/results" --ckpts "$here/ckpt" >> "$here/logs/$1.log" 2>&1 &
-echo "queue pid $! (hizoo_jax $commit, snapshot $snap, log $here/logs/$1.log)"
+  --results "$here/results" --ckpts "$here/ckpt" >> "$log" 2>&1 &
+echo "queue pid $! (hizoo_jax $commit, snapshot $snap, log $log)"
