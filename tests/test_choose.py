@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -45,6 +46,44 @@ def test_run_and_resume_bit_for_bit(tmp_path):
     assert a == b, key
   with open(harness.result_path(cfg, kw["results"])) as fh:
     assert json.load(fh)["final"] == whole["final"]
+
+
+@pytest.mark.parametrize("method,options", [("mezo", {"mu": 1e-3}),
+                                            ("fzoo", {"mu": 1e-3, "num_directions": 4})])
+def test_lost_checkpoint_replays_the_loss_tape_bit_for_bit(tmp_path, method, options):
+  cfg = harness.make_config("digits", method, 1e-2, options=options, seed=1, budget=120,
+                            eval_every=40)
+  task = tasks.TASKS["digits"]
+  whole = harness.run(cfg, task, results=str(tmp_path / "a"), ckpts=str(tmp_path / "ca"),
+                      traces=str(tmp_path / "ta"), log=lambda s: None)
+  assert not os.path.exists(harness.trace_dir(cfg, str(tmp_path / "ta")))  # finished: gone
+  kw = dict(results=str(tmp_path / "b"), ckpts=str(tmp_path / "cb"), traces=str(tmp_path / "tb"))
+  assert harness.run(cfg, task, stop_after=80, log=lambda s: None, **kw) is None
+  tdir = harness.trace_dir(cfg, kw["traces"])
+  with open(os.path.join(tdir, "history.json")) as fh:
+    hist = json.load(fh)
+  tape = np.load(os.path.join(tdir, "losses.npy"))
+  assert hist["fp"] == 80 and len(tape) == hist["tape_len"] == 80  # one loss a forward pass
+  shutil.rmtree(kw["ckpts"])  # a new machine: the checkpoint is gone, the tape is not
+  logged = []
+  replayed = harness.run(cfg, task, log=logged.append, **kw)
+  assert any("replayed" in m and "the same" in m for m in logged), logged
+  strip = lambda r: [{k: v for k, v in e.items() if k != "seconds"} for e in r["curve"]]  # noqa: E731
+  assert strip(replayed) == strip(whole)
+  assert replayed["final"] == whole["final"] and replayed["test"] == whole["test"]
+
+  # a tape that does not reproduce its evaluation is dropped and the run starts again
+  kw = dict(results=str(tmp_path / "c"), ckpts=str(tmp_path / "cc"), traces=str(tmp_path / "tc"))
+  assert harness.run(cfg, task, stop_after=80, log=lambda s: None, **kw) is None
+  shutil.rmtree(kw["ckpts"])
+  tdir = harness.trace_dir(cfg, kw["traces"])
+  bad = np.load(os.path.join(tdir, "losses.npy"))
+  bad[::2] += 1.0
+  np.save(os.path.join(tdir, "losses.npy"), bad)
+  logged = []
+  again = harness.run(cfg, task, log=logged.append, **kw)
+  assert any("DIFFERENT" in m for m in logged), logged
+  assert strip(again) == strip(whole) and again["final"] == whole["final"]
 
 
 def test_seeds_are_paired_and_schedules_differ(tmp_path):

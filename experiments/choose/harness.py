@@ -22,6 +22,19 @@ same order and start from the same parameters.
 Resume: at every evaluation the params, the optimizer state (whose PRNG key fixes all future
 noise) and the history are saved with Orbax; a restarted run continues from there and ends
 bit for bit like an uninterrupted one (``tests/test_choose.py`` checks it).
+
+The loss tape: a zeroth-order run's whole trajectory follows from its keys and the losses
+its forward passes returned, so at every evaluation the harness also writes those losses
+(one number a pass, 160 KB for 20,000 passes) and the history to ``traces/`` beside the
+results. Where the checkpoint is gone (a new machine; params-sized checkpoints are not
+kept in git) but the tape is there, the run replays it: the same compiled step with a loss
+function that hands back the recorded values in order, so every perturbation, restore and
+update runs with the same arithmetic and no forward pass (a step costs its passes over the
+params, about a tenth of a forward pass each on MiniLM), then checks the replayed params
+against the recorded evaluation before it goes on. Bit for bit where the step's program
+is deterministic (checked by ``tests/test_choose.py`` and on MiniLM full fine-tuning);
+where the check fails the run starts again from step 0. The curvature oracle, which
+installs autodiff curvature from the params, is not taped.
 """
 
 from __future__ import annotations
@@ -41,12 +54,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import io_callback
 
 import hizoo_jax as hz
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 CKPTS = os.path.join(HERE, "ckpt")
+TRACES = os.path.join(HERE, "traces")
 BLOW_UP = 100.0  # a run whose train loss exceeds this times the initial one has diverged
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -298,14 +313,86 @@ def _finite(x: float) -> float | None:
   return float(x) if np.isfinite(x) else None
 
 
+class _Tape:
+  """The loss of every forward pass of a run, in the order the step computed them.
+
+  ``record(loss_fn)`` wraps a loss function so that each of its values is appended here (an
+  ordered host callback: the values arrive in program order); ``replay()`` is a loss
+  function that ignores its arguments and returns the next recorded value, so that the same
+  step built around it reruns the run's arithmetic without its forward passes.
+  """
+
+  def __init__(self, values=(), dtype: str = "float32"):
+    self.values = [float(v) for v in values]  # float64 holds any float32/bfloat16 exactly
+    self.dtype = jnp.dtype(dtype)
+    self._next = 0
+
+  def _append(self, x):
+    self.values.append(float(x))
+
+  def _pop(self):
+    v = self.values[self._next]
+    self._next += 1
+    return np.asarray(v, self.dtype)
+
+  def record(self, loss_fn):
+    def taped(*args):
+      loss = loss_fn(*args)
+      self.dtype = jnp.dtype(loss.dtype)
+      io_callback(self._append, None, loss, ordered=True)
+      return loss
+    return taped
+
+  def replay(self):
+    self._next = 0
+
+    def recorded(*args):
+      del args
+      return io_callback(self._pop, jax.ShapeDtypeStruct((), self.dtype), ordered=True)
+    return recorded
+
+  @property
+  def replayed(self) -> int:
+    return self._next
+
+
+def trace_dir(cfg: RunConfig, traces: str = TRACES) -> str:
+  return os.path.join(traces, cfg.task, cfg.run_id)
+
+
+def _save_tape(tdir: str, tape: _Tape, hist: dict) -> None:
+  jax.effects_barrier()  # every callback of the steps so far has run
+  os.makedirs(tdir, exist_ok=True)
+  hist = {**hist, "tape_len": len(tape.values), "tape_dtype": tape.dtype.name}
+  tmp = os.path.join(tdir, "losses.tmp.npy")
+  np.save(tmp, np.asarray(tape.values, np.float64))
+  os.replace(tmp, os.path.join(tdir, "losses.npy"))
+  _atomic_json(os.path.join(tdir, "history.json"), hist)
+
+
+def _load_tape(tdir: str) -> tuple[dict, _Tape] | None:
+  try:
+    with open(os.path.join(tdir, "history.json")) as fh:
+      hist = json.load(fh)
+    values = np.load(os.path.join(tdir, "losses.npy"))
+  except (OSError, ValueError):
+    return None
+  if len(values) != hist.get("tape_len"):
+    return None
+  return hist, _Tape(values, hist.get("tape_dtype", "float32"))
+
+
 def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
-        stop_after: int | None = None, log: Callable[[str], None] = print) -> dict | None:
+        traces: str = TRACES, stop_after: int | None = None,
+        log: Callable[[str], None] = print) -> dict | None:
   """Runs (or resumes) ``cfg`` on ``task`` and writes its result JSON; returns it.
 
   Args:
     cfg: the run.
     task: a ``tasks.Task`` (``setup(seed, restoring)``).
     results, ckpts: directories of result files and checkpoints.
+    traces: directory of loss tapes (module docstring), the checkpoints that survive a new
+      machine.
     stop_after: stop (as an interruption would) after the first evaluation at or past this
       many forward passes, returning None: the resume test.
     log: progress printer.
@@ -313,7 +400,14 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   t_start = time.perf_counter()
   method = method_of(cfg.method)
   cdir = ckpt_dir(cfg, ckpts)
+  tdir = trace_dir(cfg, traces)
   restoring = os.path.isfile(os.path.join(cdir, "history.json"))
+  taped = None if restoring or cfg.method == ORACLE else _load_tape(tdir)
+  if taped is not None and taped[0].get("code") != code_version():
+    log(f"  {cfg.run_id}: its loss tape was recorded with {taped[0].get('code')}, this is "
+        f"{code_version()}; a replay needs the same hizoo_jax, so it starts again")
+    taped = None
+  # a replay starts where the run started: the setup's own params (the SST-2 probe fitted)
   inst = task.setup(cfg.seed, restoring=restoring)
   d = int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(inst.params)))
   options = resolve_options(cfg.opts, d)
@@ -346,7 +440,7 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   params = inst.params
   opt_state = tx.init(params)
   has_counter = read_counter(opt_state) is not None
-  step = hz.make_train_step(tx, inst.loss_fn)
+  tape = _Tape()
   trace_fn = None
   if mean_hessian(opt_state) is not None:
     trace_fn = jax.jit(lambda st: jnp.mean(jnp.concatenate(
@@ -356,8 +450,15 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
 
   ckpt = checkpoint.Checkpointer(cdir, max_to_keep=2)
   hist: dict[str, Any] = {"t": 0, "fp": 0, "train_seconds": 0.0, "evals": [], "windows": [],
-                          "code": code_version(), "mean_h_trace": []}
-  if restoring:
+                          "code": code_version(), "mean_h_trace": [],
+                          "tape": cfg.method != ORACLE}
+  if taped is not None:
+    params, opt_state, hist, tape = _replay(tx, inst, params, opt_state, *taped, cfg, log)
+    if hist is None:  # the replay did not reproduce the recorded evaluation
+      shutil.rmtree(tdir, ignore_errors=True)
+      return run(cfg, task, results=results, ckpts=ckpts, traces=traces,
+                 stop_after=stop_after, log=log)
+  elif restoring:
     with open(os.path.join(cdir, "history.json")) as fh:
       hist = json.load(fh)
     if hist.get("code") != code_version():
@@ -366,12 +467,20 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
     tree = ckpt.restore({"params": params, "opt_state": opt_state}, step=hist["t"])
     params, opt_state = tree["params"], tree["opt_state"]
     log(f"  {cfg.run_id}: resumed at step {hist['t']}, {hist['fp']} forward passes")
+    if hist.get("tape"):
+      loaded = _load_tape(tdir)
+      if loaded is not None and loaded[0]["t"] == hist["t"]:
+        tape = loaded[1]
+      else:  # the tape and the checkpoint disagree: go on without a tape
+        hist["tape"] = False
   else:
     ev = inst.evaluate(params)
     hist["evals"].append({"step": 0, "fp": 0, **ev, "seconds": 0.0, "mean_h": None})
     # where the run starts (the SST-2 probe): reported beside the end, never selected on
     hist["test_at_start"] = inst.test(params)
     hist["task_info"] = inst.info  # a resumed run's setup skips what it restores
+  step = hz.make_train_step(tx, tape.record(inst.loss_fn) if hist.get("tape") else
+                            inst.loss_fn)
   t, fp = int(hist["t"]), int(hist["fp"])
   initial_train = hist["evals"][0]["train_loss"]
   next_eval = (fp // cfg.eval_every + 1) * cfg.eval_every
@@ -421,6 +530,8 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
           f"{time.strftime('%H:%M:%S')})")
       ckpt.save(t, {"params": params, "opt_state": opt_state})
       _atomic_json(os.path.join(cdir, "history.json"), hist)
+      if hist.get("tape"):
+        _save_tape(tdir, tape, hist)
       next_eval = (fp // cfg.eval_every + 1) * cfg.eval_every
       losses = []
       if stop_after is not None and fp >= stop_after and fp < cfg.budget:
@@ -457,6 +568,7 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       "test": test,
       "test_at_start": hist.get("test_at_start"),
       "oracle": hist.get("oracle"),
+      "replays": hist.get("replays"),  # resumed from the loss tape (step, seconds)
       "sec_per_fp": float(np.median(rates)) if rates else None,
       "train_seconds": hist["train_seconds"],
       "state_bytes": state_bytes(opt_state),
@@ -468,4 +580,32 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   }
   _atomic_json(result_path(cfg, results), out)
   shutil.rmtree(cdir, ignore_errors=True)  # finished: its result file is all that is kept
+  shutil.rmtree(tdir, ignore_errors=True)
   return out
+
+
+def _replay(tx, inst, params, opt_state, hist, tape, cfg, log):
+  """Reruns a taped run's steps up to its last evaluation without forward passes.
+
+  Returns ``(params, opt_state, hist, tape)``, or ``hist = None`` where the replayed params
+  do not give the recorded evaluation (then the tape is useless and the run starts again).
+  """
+  t1 = time.perf_counter()
+  replay_step = hz.make_train_step(tx, tape.replay())
+  for t in range(int(hist["t"])):
+    params, opt_state, _ = replay_step(params, opt_state, *inst.extra, *inst.batch(t))
+  jax.block_until_ready(params)
+  jax.effects_barrier()
+  spent = time.perf_counter() - t1
+  ev = inst.evaluate(params)
+  want = hist["evals"][-1]
+  same = tape.replayed == len(tape.values) and all(
+      ev[k] == want[k] for k in ("train_loss", "val_loss"))
+  log(f"  {cfg.run_id}: replayed {hist['t']} steps ({tape.replayed} of {len(tape.values)} "
+      f"taped losses) in {spent:.0f} s: train {ev['train_loss']:.6f} val "
+      f"{ev['val_loss']:.6f} against the recorded {want['train_loss']:.6f} "
+      f"{want['val_loss']:.6f}: {'the same' if same else 'DIFFERENT, starting again'}")
+  if not same:
+    return params, opt_state, None, tape
+  hist.setdefault("replays", []).append({"step": hist["t"], "seconds": spent})
+  return params, opt_state, hist, tape

@@ -6,8 +6,10 @@
 #   CHOOSE_REF=<commit> bash experiments/choose/queue.sh ...      # hizoo_jax of that commit
 #
 # The snapshot (in $CHOOSE_SNAPSHOT, default /tmp/choose_run) is hizoo_jax/, experiments/ and
-# examples/ of $CHOOSE_REF (default HEAD) plus the working tree's experiments/choose/. Results
-# and checkpoints go to this checkout's experiments/choose/{results,ckpt}; the log to
+# examples/ of $CHOOSE_REF (default HEAD) plus the working tree's experiments/choose/. Results,
+# checkpoints and loss tapes go to this checkout's experiments/choose/{results,ckpt,traces}
+# (commit traces/ at the end of a session: on a new machine a run replays its tape in a
+# few minutes instead of starting again); the log to
 # experiments/choose/logs/<first table>.log (or $CHOOSE_LOG: two queues that start with the
 # same table keep separate logs). Runs are niced and XLA is kept to one thread
 # (the machine's two cores are shared). Resumable: run the same command again.
@@ -21,7 +23,7 @@ commit="$(git -C "$root" rev-parse "$ref")"
 rm -rf "$snap" && mkdir -p "$snap"
 git -C "$root" archive "$commit" hizoo_jax experiments examples | tar -x -C "$snap"
 rm -rf "$snap/experiments/choose" && cp -r "$here" "$snap/experiments/choose"
-rm -rf "$snap/experiments/choose/results" "$snap/experiments/choose/ckpt"
+rm -rf "$snap/experiments/choose/results" "$snap/experiments/choose/ckpt" "$snap/experiments/choose/traces"
 mkdir -p "$here/logs"
 log="${CHOOSE_LOG:-$here/logs/$1.log}"
 tables=()
@@ -32,5 +34,5 @@ export CHOOSE_HIZOO_COMMIT="$commit"
 export HIZOO_SST2_DIR="${HIZOO_SST2_DIR:-$(cd "$root/.." && pwd)/shared/data/sst2}"
 export XLA_FLAGS="${XLA_FLAGS:---xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1}"
 nohup nice -n 15 "$py" -m experiments.choose.run "${tables[@]}" \
-  --results "$here/results" --ckpts "$here/ckpt" >> "$log" 2>&1 &
+  --results "$here/results" --ckpts "$here/ckpt" --traces "$here/traces" >> "$log" 2>&1 &
 echo "queue pid $! (hizoo_jax $commit, snapshot $snap, log $log)"

@@ -183,6 +183,14 @@ TABLES.update({
     "sst2_long_ft_fzoo": [Grid("sst2_ft_full", "fzoo", (-13, -15), ("constant",), (0,),
                                19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)), "_n8",
                                refine=False, confirm_seeds=(1, 2))],
+    # FZOO's 20,000-pass paired seeds at its 4,000-pass selection (5.62e-4), one table a seed
+    # so that both run beside each other; the grid above reuses them as its confirmation
+    # seeds if validation keeps 5.62e-4 at seed 0. With constant lr a run's first passes do
+    # not depend on its budget, so even a run cut short says whether it reaches the
+    # baseline's final training CE within half the baseline's passes.
+    **{f"sst2_long_ft_fzoo_s{s}": [Grid("sst2_ft_full", "fzoo", (-13,), ("constant",), (s,),
+                                        19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)),
+                                        "_n8", widen=False, refine=False)] for s in (1, 2)},
     "sst2_long_ftl123": [Grid("sst2_ftl123_full", "mezo", (-19, -21), ("constant",), (0,),
                               20_000, 2_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))],
     # Batch 64 against the baseline's 16 (constant MeZO, 4,000 passes of 64 sentences: the
@@ -626,7 +634,8 @@ def load(cfg: harness.RunConfig, results: str = harness.RESULTS) -> dict | None:
 
 
 def execute(cfg: harness.RunConfig, *, results: str = harness.RESULTS,
-            ckpts: str = harness.CKPTS, stop_after: int | None = None) -> dict | None:
+            ckpts: str = harness.CKPTS, traces: str = harness.TRACES,
+            stop_after: int | None = None) -> dict | None:
   """Runs ``cfg`` unless done or locked; returns its result (None if not finished here)."""
   done = load(cfg, results)
   if done is not None:
@@ -637,7 +646,7 @@ def execute(cfg: harness.RunConfig, *, results: str = harness.RESULTS,
     return None
   print(f"=== {cfg.task}/{cfg.run_id} ({time.strftime('%H:%M:%S')})", flush=True)
   try:
-    res = harness.run(cfg, tasks.TASKS[cfg.task], results=results, ckpts=ckpts,
+    res = harness.run(cfg, tasks.TASKS[cfg.task], results=results, ckpts=ckpts, traces=traces,
                       stop_after=stop_after, log=lambda s: print(s, flush=True))
   except Exception:  # keep the queue going; the traceback is in the log
     traceback.print_exc()
@@ -676,6 +685,7 @@ def select(grid: Grid, schedule: str, exponents, results: str = harness.RESULTS)
 
 
 def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness.CKPTS,
+             traces: str = harness.TRACES,
              reverse: bool = False) -> None:
   """Every schedule's learning rates x seeds, widened until the best is interior."""
   for schedule in grid.schedules:
@@ -684,7 +694,7 @@ def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness
       order = list(reversed(exps)) if reverse else exps
       for e in order:
         for s in (reversed(grid.seeds) if reverse else grid.seeds):
-          execute(grid.config(e, schedule, s), results=results, ckpts=ckpts)
+          execute(grid.config(e, schedule, s), results=results, ckpts=ckpts, traces=traces)
       best, means = select(grid, schedule, exps, results)
       shown = ", ".join(f"{lr_of(e):.3g}: {means[e]:.4f}" for e in sorted(exps))
       print(f"### {grid.task} {grid.method}{grid.tag} {schedule}: mean val loss {{{shown}}}"
@@ -702,11 +712,12 @@ def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness
     if best is not None:
       for s in grid.confirm_seeds:
         if s not in grid.seeds:
-          execute(grid.config(best, schedule, s), results=results, ckpts=ckpts)
+          execute(grid.config(best, schedule, s), results=results, ckpts=ckpts, traces=traces)
     if grid.control and best is not None:
       for s in grid.seeds:
         if load(grid.config(best, schedule, s), results) is not None:
-          execute(grid.control_config(best, schedule, s), results=results, ckpts=ckpts)
+          execute(grid.control_config(best, schedule, s), results=results, ckpts=ckpts,
+                  traces=traces)
 
 
 def progress(name: str, results: str = harness.RESULTS) -> str:
@@ -730,6 +741,8 @@ def main(argv=None) -> None:
   p.add_argument("--list", action="store_true", help="print the tables' progress")
   p.add_argument("--results", default=harness.RESULTS)
   p.add_argument("--ckpts", default=harness.CKPTS)
+  p.add_argument("--traces", default=harness.TRACES,
+                 help="loss tapes: how a run whose checkpoint is gone resumes (harness.py)")
   a = p.parse_args(argv)
   if a.list:
     for name in TABLES:
@@ -744,7 +757,7 @@ def main(argv=None) -> None:
       p.error(f"unknown table {name!r}; one of {sorted(TABLES)}")
     grids = list(reversed(TABLES[name])) if a.reverse else TABLES[name]
     for g in grids:
-      run_grid(g, results=a.results, ckpts=a.ckpts, reverse=a.reverse)
+      run_grid(g, results=a.results, ckpts=a.ckpts, traces=a.traces, reverse=a.reverse)
     print(f"##### {progress(name, a.results)} ({time.strftime('%H:%M:%S')})", flush=True)
 
 
