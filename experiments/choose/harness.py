@@ -331,7 +331,9 @@ class _Tape:
     self.values.append(float(x))
 
   def _pop(self):
-    v = self.values[self._next]
+    # past the tape's end (a step that evaluates more than the run did): NaN, and the
+    # count tells the replay's check
+    v = self.values[self._next] if self._next < len(self.values) else math.nan
     self._next += 1
     return np.asarray(v, self.dtype)
 
