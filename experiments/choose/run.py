@@ -183,14 +183,17 @@ TABLES.update({
     "sst2_long_ft_fzoo": [Grid("sst2_ft_full", "fzoo", (-13, -15), ("constant",), (0,),
                                19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)), "_n8",
                                refine=False, confirm_seeds=(1, 2))],
-    # FZOO's 20,000-pass paired seeds at its 4,000-pass selection (5.62e-4), one table a seed
-    # so that both run beside each other; the grid above reuses them as its confirmation
-    # seeds if validation keeps 5.62e-4 at seed 0. With constant lr a run's first passes do
-    # not depend on its budget, so even a run cut short says whether it reaches the
-    # baseline's final training CE within half the baseline's passes.
-    **{f"sst2_long_ft_fzoo_s{s}": [Grid("sst2_ft_full", "fzoo", (-13,), ("constant",), (s,),
-                                        19_998, 2_000, (("mu", 1e-3), ("num_directions", 8)),
-                                        "_n8", widen=False, refine=False)] for s in (1, 2)},
+    # FZOO's 20,000-pass paired seeds at either grid point (5.62e-4: ``_s1``, ``_s2``;
+    # 1.78e-4: ``_lo_s1``, ``_lo_s2``), one table a seed so that they can run beside each
+    # other or beside the grid's widening; the grid above reuses them as its confirmation
+    # seeds when validation selects their rate at seed 0. With constant lr a run's first
+    # passes do not depend on its budget, so even a run cut short says whether it reaches
+    # the baseline's final training CE within half the baseline's passes.
+    **{f"sst2_long_ft_fzoo{lo}_s{s}": [Grid("sst2_ft_full", "fzoo", (e,), ("constant",), (s,),
+                                            19_998, 2_000,
+                                            (("mu", 1e-3), ("num_directions", 8)), "_n8",
+                                            widen=False, refine=False)]
+       for s in (1, 2) for lo, e in (("", -13), ("_lo", -15))},
     "sst2_long_ftl123": [Grid("sst2_ftl123_full", "mezo", (-19, -21), ("constant",), (0,),
                               20_000, 2_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))],
     # Batch 64 against the baseline's 16 (constant MeZO, 4,000 passes of 64 sentences: the
