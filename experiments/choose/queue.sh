@@ -26,6 +26,10 @@ rm -rf "$snap/experiments/choose" && cp -r "$here" "$snap/experiments/choose"
 rm -rf "$snap/experiments/choose/results" "$snap/experiments/choose/ckpt" "$snap/experiments/choose/traces"
 mkdir -p "$here/logs"
 log="${CHOOSE_LOG:-$here/logs/$1.log}"
+# the queue runs from the snapshot: paths given relative to the checkout are made absolute
+# here, before the cd below
+case "$py" in */*) [[ "$py" = /* ]] || py="$root/$py" ;; esac
+[[ "$log" = /* ]] || log="$root/$log"
 tables=()
 for t in "$@"; do tables+=(--table "$t"); done
 cd "$snap"
