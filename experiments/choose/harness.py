@@ -32,13 +32,16 @@ function that hands back the recorded values in order, so every perturbation, re
 update runs with the same arithmetic and no forward pass (a step costs its passes over the
 params, about a tenth of a forward pass each on MiniLM), then checks the replayed params
 against the recorded evaluation before it goes on; where the check fails the run starts
-again from step 0. Bit for bit on digits (``tests/test_choose.py``, MeZO and FZOO) and for
-MeZO on MiniLM full fine-tuning (100 steps); a MiniLM FZOO-8 tape of 223 steps recorded
-with an older hizoo_jax (820a538) replayed to within 2e-6 of its recorded CEs but not bit
-for bit. Such a replay goes on where it lies within ``REPLAY_TOLERANCE`` of the recorded
-evaluation (its continuation is then a run of the same method, keys and batches from params
-that differ by rounding, not the uninterrupted run bit for bit), and the result file's
-``replays`` says so (``exact``, ``off_by``). The curvature oracle, which installs autodiff
+again from step 0. Bit for bit on digits (``tests/test_choose.py``, MeZO and FZOO), for
+MeZO on MiniLM full fine-tuning (100 steps) and for MiniLM FZOO-8 (889 steps, 8,001 passes,
+hizoo_jax 820a538, replayed by the queue in 337 s). The same run's first 223 steps, replayed
+earlier by a hand-built check, came to within 2e-6 of the recorded CEs but not bit for bit;
+not reproduced, cause unknown (the evaluation alone gives the same CEs bit for bit with and
+without the queue's single-threaded ``XLA_FLAGS``). A replay that is not exact goes on
+where it lies within ``REPLAY_TOLERANCE`` of the recorded evaluation (its continuation is
+then a run of the same method, keys and batches from params that differ by rounding, not
+the uninterrupted run bit for bit), and the result file's ``replays`` says so (``exact``,
+``off_by``). The curvature oracle, which installs autodiff
 curvature from the params, is not taped.
 """
 
@@ -71,10 +74,12 @@ BLOW_UP = 100.0  # a run whose train loss exceeds this times the initial one has
 # How far a replayed evaluation (train and val CE, absolute) may lie from the recorded one
 # for the run to go on from the replayed params. The replay feeds the recorded losses back,
 # so its params can differ from the recorded run's only by the rounding of the updates
-# (XLA fuses the step differently once the forward passes are gone, and a fused
+# (XLA may fuse the step differently once the forward passes are gone, and a fused
 # multiply-add rounds once where a multiply and an add round twice): ~1 ulp of each
-# parameter a step, a random walk that does not feed back into the losses. Measured: a
-# MiniLM FZOO-8 tape of 223 steps came back 2e-6 off. A wrong or shifted tape moves the CE
+# parameter a step, a random walk that does not feed back into the losses, since the
+# losses come from the tape. Measured: a MiniLM FZOO-8 tape of 223 steps replayed by a
+# hand-built check came back 2e-6 off (the queue's replay of 889 steps of the same run
+# was exact). A wrong or shifted tape moves the CE
 # by far more (an evaluation apart is 1e-3 to 4e-3 on SST-2), and 1e-4 is a tenth of the
 # smallest such movement.
 REPLAY_TOLERANCE = 1e-4
