@@ -198,7 +198,11 @@ def fzoo(peak_lr: float, total_steps: int, *, num_directions: int = 8,
   of the forward passes (3 seeds, peak ``0.01``; 16 probes: 0.70-0.80, 4 probes never);
   its validation loss ended within one standard deviation of the baseline's. On MiniLM-L6
   SST-2 full fine-tuning (4,000 forward passes, 3 paired seeds) it ended level with the
-  tuned MeZO there (constant ``1e-5``) under either schedule. FZOO's step
+  tuned MeZO there (constant ``1e-5``) under either schedule; at 20,000 forward passes,
+  with a constant rate (``floor=1.0``) of ``1.78e-4``, it reached the tuned cosine MeZO's
+  final training loss in 0.45, 0.37 and 0.59 of its passes (3 paired seeds) and ended
+  lower in training loss on every seed, level in validation loss and +0.3 points in test
+  accuracy on the mean (+0.8, +1.0, -0.9). FZOO's step
   is normalised by the spread of the probe losses, so its learning rate is in other units
   than MeZO's: on digits its best peak was about 5.6 times MeZO's. Heavy-ball momentum
   chained after the estimate (``optax.chain(hz.scale_by_fzoo(), optax.trace(0.9),
