@@ -41,8 +41,8 @@ without the queue's single-threaded ``XLA_FLAGS``). A replay that is not exact g
 where it lies within ``REPLAY_TOLERANCE`` of the recorded evaluation (its continuation is
 then a run of the same method, keys and batches from params that differ by rounding, not
 the uninterrupted run bit for bit), and the result file's ``replays`` says so (``exact``,
-``off_by``). The curvature oracle, which installs autodiff
-curvature from the params, is not taped.
+``off_by``). The curvature oracle, which installs autodiff curvature from the params, is
+not taped.
 """
 
 from __future__ import annotations
