@@ -196,6 +196,23 @@ TABLES.update({
        for s in (1, 2) for lo, e in (("", -13), ("_lo", -15))},
     "sst2_long_ftl123": [Grid("sst2_ftl123_full", "mezo", (-19, -21), ("constant",), (0,),
                               20_000, 2_000, MEZO_MU, refine=False, confirm_seeds=(1, 2))],
+    # FZOO (8 probes, constant) perturbing layers 1-3 and the head only, against the same
+    # 20,000-pass baseline: the two gains measured so far, combined. At 20,000 passes FZOO-8
+    # on every parameter reached the baseline's final training CE in 0.45, 0.37, 0.59 of its
+    # passes; at 4,000 passes MeZO on layers 1-3 gained 1.6 times the baseline's decrease
+    # over five seeds. In the rate model the two act on different factors (probes divide
+    # the noise term E|g_B|^2 tr H by n; the subset changes |g_S|^4 / tr H_S), so they
+    # should multiply. FZOO normalises its step by the spread of the probe losses, so a
+    # subset of a quarter of the scalars takes shorter steps at one rate, and the subset's
+    # best rate is the higher (MeZO: 1.78e-5 on layers 1-3 against 1e-5 on every parameter):
+    # the grid starts at full FZOO's two points, 5.62e-4 and 1.78e-4, widened until
+    # interior, then seeds 1 and 2. Predicted (2026-12-03 14:14, before it started): at
+    # seed 0 the better rate passes cosine's 0.3706 at 0.2-0.35 of the baseline's passes and
+    # ends at 0.358-0.366 in training CE and 0.374-0.383 in validation CE.
+    "sst2_long_ftl123_fzoo": [Grid("sst2_ftl123_full", "fzoo", (-13, -15), ("constant",),
+                                   (0,), 19_998, 2_000,
+                                   (("mu", 1e-3), ("num_directions", 8)), "_n8",
+                                   refine=False, confirm_seeds=(1, 2))],
     # Batch 64 against the baseline's 16 (constant MeZO, 4,000 passes of 64 sentences: the
     # sentences of 16,000 passes of 16). Per forward pass the rate model predicts ~3.9x the
     # baseline's gain at a ~3.9x higher best rate, per sentence about the same: the grid
