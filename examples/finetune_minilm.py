@@ -283,6 +283,20 @@ def progress(total: int, desc: str, enabled: bool = True):
   return tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=0.5)
 
 
+# A batch is cut to its longest sentence rounded up to this many tokens: SST-2's training
+# sentences average 13 tokens, so a batch of 16 averages 43 of the 64 it is padded to, and a
+# step costs about two thirds. The padding is masked, so the loss is the same; each width is
+# one more compiled program (at most max_length / WIDTH_MULTIPLE of them).
+WIDTH_MULTIPLE = 16
+
+
+def batch_width(mask: np.ndarray) -> int:
+  """Tokens to keep of a batch: its longest row (mask 1s from the left) rounded up to
+  ``WIDTH_MULTIPLE``, at most the padded length."""
+  longest = int(mask.sum(axis=1).max())
+  return min(mask.shape[1], -(-longest // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+
+
 def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, steps,
           batch_size, seed, eval_every, ckpt_dir=None, save_every=0, resume=False,
           show_progress=True, desc="") -> dict[str, Any]:
@@ -330,8 +344,10 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
   times = []
   for k in range(start, steps):
     b = data.batch_indices(len(labels), batch_size, seed, k)
+    width = batch_width(mask[b])
     t0 = time.perf_counter()
-    params, opt_state, loss = step_fn(params, opt_state, frozen, ids[b], mask[b], labels[b])
+    params, opt_state, loss = step_fn(params, opt_state, frozen, ids[b, :width],
+                                      mask[b, :width], labels[b])
     history[k] = float(loss)  # also waits for the step
     times.append(time.perf_counter() - t0)
     if counted:
