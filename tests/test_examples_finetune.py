@@ -352,9 +352,9 @@ def test_finetune_minilm_data_trains_on_all_of_train_at_the_measured_rates(tmp_p
   """--data without --k-shot: all of train.tsv less a validation split held out by seed
   (here --smoke's 16 sentences: 3 held out), the probe's l2 picked on it; MeZO and FZOO on
   LoRA need no --lr: each takes the rate the forward-pass-matched harness selected on SST-2
-  (SST2_LR). (That MeZO is the default optimizer: the k-shot test above.)"""
-  out = run_example("finetune_minilm.py", "--data", SST2, "--optimizer", "mezo,fzoo", "--out",
-                    str(tmp_path))
+  (SST2_LR). (That MeZO is the default optimizer with --k-shot: the k-shot test above.)"""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--mode", "lora", "--optimizer",
+                    "mezo,fzoo", "--out", str(tmp_path))
   assert "all of train less 3 held out by seed for validation" in out
   assert "fzoo seed 0: lr=0.00178" in out
   res = check_outputs(str(tmp_path), ["mezo", "fzoo"])
@@ -380,19 +380,27 @@ def test_finetune_minilm_default_lr_follows_the_budget():
 
 
 def test_finetune_minilm_default_steps_are_the_measured_setting():
-  """Without --steps the run is the harness's best measured setting (10,000 MeZO LoRA steps
-  on all of train, linear-probe head, at the long-run rate) only in that configuration; any
-  other mode, optimizer or head, the k-shot protocol or the synthetic set keeps the quick
-  400 steps. Evaluations come about 20 to a run, every 100 steps at least."""
+  """Without --steps a run has the measured length of its setting (MEASURED_STEPS: FZOO on
+  layers 1-3 in full fine-tuning, 2,222 steps = 19,998 forward passes; MeZO on LoRA, 10,000
+  steps at the long-run rate) only in that setting on all of train with the linear-probe
+  head; any other mode, optimizer, layers or head, the k-shot protocol or the synthetic set
+  keeps the quick 400 steps. Evaluations come about 20 to a run, every 100 steps at least."""
   example = load_example("finetune_minilm")
   steps = example.default_steps
-  assert steps("lora", ["mezo"], True, 0, True) == example.DATA_STEPS == 10_000
-  # the long default runs at the long-run rate
-  assert (example.default_lr("lora", "mezo", example.DATA_STEPS, True)
+  assert steps("ft", ["fzoo"], True, 0, True, (1, 2, 3)) == 2_222
+  assert steps("ft", ["fzoo"], True, 0, True, (3, 1, 2)) == 2_222
+  assert steps("lora", ["mezo"], True, 0, True) == 10_000
+  # the long LoRA default runs at the long-run rate
+  assert (example.default_lr("lora", "mezo", 10_000, True)
           == example.SST2_LR_LONG[("lora", "mezo")][1])
+  assert example.default_lr("ft", "fzoo", 2_222, True) == 5.62e-4
   for args in [("lora", ["mezo"], False, 0, True), ("lora", ["mezo"], True, 512, True),
                ("ft", ["mezo"], True, 0, True), ("lora", ["mezo", "hizoo"], True, 0, True),
-               ("lora", ["fzoo"], True, 0, True), ("lora", ["mezo"], True, 0, False)]:
+               ("lora", ["fzoo"], True, 0, True), ("lora", ["mezo"], True, 0, False),
+               ("ft", ["fzoo"], True, 0, True), ("ft", ["fzoo"], True, 0, True, (1, 2)),
+               ("ft", ["fzoo"], False, 0, True, (1, 2, 3)),
+               ("ft", ["fzoo"], True, 512, True, (1, 2, 3)),
+               ("ft", ["fzoo", "mezo"], True, 0, True, (1, 2, 3))]:
     assert steps(*args) == example.STEPS == 400, args
   every = example.default_eval_every
   assert [every(n) for n in (6, 400, 600, 2000, 2001, 5000, 10_000)] == [
@@ -445,3 +453,62 @@ def test_finetune_minilm_resumes_a_checkpoint_without_pass_counts(tmp_path, monk
   resumed = run(tmp_path / "old", resume=True)
   assert resumed["forward_passes"] == whole["forward_passes"]
   assert resumed["losses"] == whole["losses"]
+
+
+def test_finetune_minilm_defaults_follow_the_data():
+  """With --data on all of train the unset flags take the measured best setting (full
+  fine-tuning, FZOO, layers 1-3: its layers only with its own mode and optimizer); without
+  --data or with --k-shot, LoRA and MeZO on every layer; --layers all is every layer."""
+  resolve = load_example("finetune_minilm").resolve_defaults
+  assert resolve(None, None, None, True, 0) == ("ft", "fzoo", (1, 2, 3))
+  assert resolve(None, None, None, False, 0) == ("lora", "mezo", None)
+  assert resolve(None, None, None, True, 512) == ("lora", "mezo", None)
+  assert resolve(None, None, "all", True, 0) == ("ft", "fzoo", None)
+  assert resolve(None, "mezo", None, True, 0) == ("ft", "mezo", None)
+  assert resolve("lora", None, None, True, 0) == ("lora", "fzoo", None)
+  assert resolve("ft", "fzoo", "2,3", False, 0) == ("ft", "fzoo", (2, 3))
+
+
+def test_finetune_minilm_cuts_a_batch_to_its_width_without_changing_the_loss():
+  """A batch is cut to its longest sentence rounded up to 16 tokens. The columns it drops
+  are padding (mask 0), which attention and mean pooling ignore, so a BERT classifier's loss
+  is the same up to float32 rounding: the sums over the key and pooling axes run over
+  fewer exact zeros, in another order (at most a few ulps a sum, a dozen sums deep in this
+  2-layer model: relative 1e-5 is more than 10x that)."""
+  from hizoo_jax.models import bert, heads, peft
+
+  width = load_example("finetune_minilm").batch_width
+  mask = np.zeros((3, 64), np.int32)
+  mask[0, :5], mask[1, :17], mask[2, :2] = 1, 1, 1
+  assert width(mask) == 32 and width(mask[[0, 2]]) == 16 and width(mask[[1]]) == 32
+  assert width(np.ones((2, 64), np.int32)) == 64 and width(np.ones((1, 60), np.int32)) == 60
+
+  model = bert.from_pretrained(os.path.join(ROOT, "tests", "data", "tiny_bert_mlm"))
+  clf = heads.SequenceClassifier(model, model.config.hidden_size, 2, pooling="mean")
+  rng = np.random.default_rng(0)
+  clf.kernel[...] = rng.normal(size=clf.kernel.shape).astype(np.float32)
+  graphdef, params, frozen = peft.split_trainable(clf, peft.trainable_filter("ft"))
+  loss = peft.make_loss_fn(graphdef, lambda m, i, am, y: heads.cross_entropy(m(i, am), y))
+  ids = rng.integers(5, 100, size=(3, 64)).astype(np.int32) * mask
+  labels = np.asarray([0, 1, 1], np.int32)
+  w = width(mask)
+  full = float(loss(params, frozen, ids, mask, labels))
+  cut = float(loss(params, frozen, ids[:, :w], mask[:, :w], labels))
+  assert cut == pytest.approx(full, rel=1e-5)
+
+
+@pytest.mark.slow
+@requires_minilm
+@pytest.mark.skipif(not os.path.isfile(os.path.join(SST2, "train.tsv")),
+                    reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
+def test_finetune_minilm_data_default_is_fzoo_on_layers_1_to_3(tmp_path):
+  """--data alone: full fine-tuning of layers 1-3 and the head (5,324,162 of MiniLM's
+  scalars) with FZOO, 8 probes (9 forward passes a step), at the measured 5.62e-4."""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--out", str(tmp_path))
+  assert "mode=ft layers=1,2,3" in out and "head_init=lp" in out
+  assert "fzoo seed 0: lr=0.000562 (constant)" in out
+  assert "5,324,162 trainable params" in out
+  res = check_outputs(str(tmp_path), ["fzoo"])
+  (run,) = res["runs"]["fzoo"]
+  assert run["forward_passes"] == [9 * k for k in range(1, 7)]
+  assert run["lr"] == 5.62e-4 and "val_accuracy" in run["probe"]
