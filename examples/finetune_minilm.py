@@ -51,9 +51,10 @@ Outputs (``--out``): ``loss_curve.png``, ``results.json``, ``results.md``; with
 ``--ckpt-dir`` Orbax checkpoints that ``--resume`` continues bit for bit.
 
 Run length: 400 steps, except with ``--data`` on all of train in the two measured settings
-with the linear-probe head (``default_steps``): the default above, 2,222 steps (about 40
-minutes a seed alone on 2 CPU cores, an hour beside another run), and LoRA with MeZO, 10,000
-steps (0.32 s a step, 55 minutes); ``--steps`` sets it. Time on 2 CPU cores: ``--smoke``
+with the linear-probe head (``default_steps``): the default above, 2,222 steps (0.6-0.64 s
+a step alone on 2 CPU cores, about half an hour a seed with the setup; 83-100 minutes with
+three other runs beside it), and LoRA with MeZO, 10,000 steps (0.32 s a step, 55 minutes);
+``--steps`` sets it. Time on 2 CPU cores: ``--smoke``
 about 30 s; one 400-step LoRA run about 2-3 minutes (with ``--data`` about 5, more than half
 of it tokenizing and fitting the probe); the comparison of docs/results/minilm.md (HiZOO and
 MeZO, 3 seeds, 1,800 forward passes each) 18 minutes.
@@ -129,7 +130,9 @@ SST2_LR_LONG = {("lora", "mezo"): (1_000, 1.78e-4)}
 #   default with --data): 2,222 steps. In the harness it ended +1.5, +2.5 and +1.9 points of
 #   dev accuracy over the linear probe (seeds 0-2) and 0.8 points over the tuned MeZO
 #   baseline on their mean, reaching that baseline's final training loss in 0.11-0.31 of its
-#   forward passes (docs/results/choosing.md);
+#   forward passes (docs/results/choosing.md); through this script +0.1, +1.3 and +2.1
+#   (seeds 0-2, mean +1.1, from a probe at 79.9% on every seed), dev CE below the probe's on
+#   every seed (docs/results/sst2.md);
 # - LoRA with MeZO (the default with --data before it): 10,000 steps at SST2_LR_LONG's rate
 #   ended +1.0, +1.7, +2.5, +1.0 and -1.0 points over the probe in the harness (seeds 0-4,
 #   mean +1.1) and -1.1, 0.0 and -0.3 through this script (seeds 0-2; docs/results/sst2.md),
@@ -285,9 +288,10 @@ def progress(total: int, desc: str, enabled: bool = True):
 
 # A batch is cut to its longest sentence rounded up to this many tokens: SST-2's training
 # sentences average 13 tokens, so a batch of 16 averages 43 of the 64 it is padded to, and
-# the default FZOO step costs 0.74 of the padded one (medians of 37 steps, interleaved in one
-# process, one XLA thread). The padding is masked, so the loss is the same; each width is one
-# more compiled program (at most max_length / WIDTH_MULTIPLE of them).
+# the default FZOO step costs 0.71-0.74 of the padded one (medians of 37 steps, interleaved
+# in one process; alone and beside other runs, one XLA thread or two). The padding is
+# masked, so the loss is the same; each width is one more compiled program (at most
+# max_length / WIDTH_MULTIPLE of them).
 WIDTH_MULTIPLE = 16
 
 
