@@ -217,11 +217,11 @@ TABLES.update({
     # slower, 1.78e-3 climbs from 4,005 passes on) the training CE stops falling after
     # 12,000 passes, a noise floor that a decaying rate lowers. The grid starts at 5.62e-4
     # and 1.78e-3 (two queues side by side), widened until interior, then seeds 1 and 2.
-    # Predicted (2026-12-03 19:50, before either started): at seed 0, 5.62e-4 cosine ends
-    # at 0.348-0.355 in training CE and 0.375-0.381 in validation CE (constant: 0.3531,
-    # 0.3790) and crosses the baseline's 0.3706 at 0.1-0.2 of its passes; 1.78e-3 cosine
-    # climbs as the constant rate did until its rate has fallen by about half and ends
-    # above 5.62e-4 in validation CE.
+    # Predicted (2026-12-03, committed 19:46:27, before either started at 19:46:32): at
+    # seed 0, 5.62e-4 cosine ends at 0.348-0.355 in training CE and 0.375-0.381 in
+    # validation CE (constant: 0.3531, 0.3790) and crosses the baseline's 0.3706 at 0.1-0.2
+    # of its passes; 1.78e-3 cosine climbs as the constant rate did until its rate has
+    # fallen by about half and ends above 5.62e-4 in validation CE.
     "sst2_long_ftl123_fzoo_cos": [Grid("sst2_ftl123_full", "fzoo", (-13, -11), ("cosine",),
                                        (0,), 19_998, 2_000,
                                        (("mu", 1e-3), ("num_directions", 8)), "_n8",
