@@ -244,11 +244,11 @@ TABLES.update({
     # (+1.6, +1.3, -0.3), inside the test set's noise (one point is 9 sentences; the
     # per-seed difference spreads by about a point). Seeds 3 and 4 of the setting above
     # (``sst2_long_ftl123_fzoo_s3``, ``_s4``) and of the baseline (cosine 1e-5, below), two
-    # queues side by side. Predicted (2026-12-03 21:20, before they started): FZOO ends at
-    # 0.352-0.362 in training CE at each seed, the baseline at 0.366-0.374, FZOO passes the
-    # baseline's final training CE at 0.08-0.35 of its passes; validation CE within 0.006 of
-    # each other; test accuracy per seed -1.5 to +2.5 points, the five-seed mean +0.3 to
-    # +1.3.
+    # queues side by side. Predicted (2026-12-03, committed 21:02:46, before they started
+    # at 21:02:49): FZOO ends at 0.352-0.362 in training CE at each seed, the baseline at
+    # 0.366-0.374, FZOO passes the baseline's final training CE at 0.08-0.35 of its passes;
+    # validation CE within 0.006 of each other; test accuracy per seed -1.5 to +2.5 points,
+    # the five-seed mean +0.3 to +1.3.
     **{f"sst2_long_ft_cosine_s{s}": [Grid("sst2_ft_full", "mezo", (-20,), ("cosine",), (s,),
                                           20_000, 2_000, MEZO_MU, widen=False, refine=False)]
        for s in (3, 4)},
