@@ -429,3 +429,27 @@ def test_zo_rate_batch_scaling_matches_enumerated_minibatches():
     np.testing.assert_allclose(r["per_example"], exact(1) / (r["batch"] * exact(r["batch"])),
                                rtol=1e-12)
   assert rows[0]["per_pass"] == rows[0]["per_example"] == 1.0
+
+
+def test_paired_differences_are_per_seed():
+  """Method minus baseline over the seeds both ran, and the standard error of their mean
+  from the differences' spread (not from either run's)."""
+  from experiments.choose import report
+
+  def res(train, val, acc):
+    return {"final": {"train_loss": train, "val_loss": val}, "test": {"test_accuracy": acc}}
+
+  base = {0: res(0.40, 0.50, 0.80), 1: res(0.30, 0.40, 0.70), 2: res(0.20, 0.30, 0.90)}
+  meth = {0: res(0.38, 0.49, 0.81), 1: res(0.29, 0.41, 0.73), 3: res(0.1, 0.1, 0.99)}
+  d = report.paired_differences(meth, base)
+  assert d["train CE"][0] == [0, 1]  # seed 2 has no method run, seed 3 no baseline
+  np.testing.assert_allclose(d["train CE"][1], [-0.02, -0.01], atol=1e-12)
+  np.testing.assert_allclose(d["test acc (points)"][1], [1.0, 3.0], atol=1e-9)
+  text = report._paired_text("m", d)
+  # mean +2.0, standard error std([1, 3], ddof=1) / sqrt(2) = 1.0
+  assert "test acc (points) +2.0 ± 1.0 (seeds 0, 1: +1.0, +3.0)" in text
+  assert "train CE -0.0150 ± 0.0050" in text
+  # a run without a test set (the test functions) and a single pair give no line
+  assert report._paired_text("m", report.paired_differences(
+      {0: {"final": {"train_loss": 1.0, "val_loss": None}, "test": None}},
+      {0: {"final": {"train_loss": 2.0, "val_loss": None}, "test": None}})) == ""

@@ -277,8 +277,11 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
              "| method | lr | val loss | train loss | test acc % | ratio per seed | "
              "interpolated | state bytes | s / forward pass |",
              "|---|---|---|---|---|---|---|---|---|"]
+    paired = []
     for label, lr, rs in [(f"{b_label} (baseline)", b_lr, b_runs),
                           *selected_runs(name, results, task, extra_seeds, target)]:
+      if not label.endswith("(baseline)"):
+        paired.append((label, paired_differences(rs, b_runs)))
       ratios, interp = [], []
       for s, r in sorted(rs.items()):
         b = b_runs.get(s)
@@ -304,8 +307,60 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
           f" | {', '.join(ratios)} | {', '.join(interp)} | "
           f"{vals[0]['state_bytes'] if vals else '—'} | "
           f"{_fmt(float(np.median(spf)) if spf else None, '.2e')} |")
+    for label, diffs in paired:
+      text = _paired_text(label.strip(), diffs)
+      if text:
+        lines += ["", text]
     out.append("\n".join(lines))
   return "\n\n".join(out)
+
+
+def paired_differences(runs: dict, base_runs: dict) -> dict:
+  """Method minus baseline, seed by seed, over the seeds both ran: ``{measure: (seeds,
+  differences)}`` for the final training and validation loss and the test accuracy (in
+  points). A per-seed difference removes what the pair shares (the probe start, the batch
+  order, the validation split), so its spread, not the spread of either run, is what
+  bounds a mean difference: the standard error of the mean of ``n`` paired differences is
+  their standard deviation over ``sqrt(n)``."""
+  out = {}
+  getters = {"train CE": lambda r: r["final"]["train_loss"],
+             "val CE": lambda r: r["final"]["val_loss"],
+             "test acc (points)": lambda r: 100.0 * (r.get("test") or {}).get(
+                 "test_accuracy", math.nan)}
+  for measure, get in getters.items():
+    seeds, diffs = [], []
+    for s in sorted(set(runs) & set(base_runs)):
+      r, b = runs[s], base_runs[s]
+      if r is None or b is None:
+        continue
+      try:
+        d = float(get(r)) - float(get(b))
+      except (TypeError, KeyError):
+        continue
+      if math.isfinite(d):
+        seeds.append(s)
+        diffs.append(d)
+    if diffs:
+      out[measure] = (seeds, diffs)
+  return out
+
+
+def _paired_text(label: str, diffs: dict) -> str:
+  """One line: each measure's mean paired difference, its standard error and the per-seed
+  differences (measures with fewer than two paired seeds are left out)."""
+  parts = []
+  for measure, (seeds, d) in diffs.items():
+    if len(d) < 2:
+      continue
+    spec = "+.1f" if "points" in measure else "+.4f"
+    se = float(np.std(d, ddof=1)) / math.sqrt(len(d))
+    parts.append(f"{measure} {format(float(np.mean(d)), spec)} ± {format(se, spec[1:])} "
+                 f"(seeds {', '.join(map(str, seeds))}: "
+                 f"{', '.join(format(x, spec) for x in d)})")
+  if not parts:
+    return ""
+  return (f"Paired differences, {label} minus the baseline (mean ± standard error of the "
+          f"mean): " + "; ".join(parts) + ".")
 
 
 def plot_versus(name: str, baseline: str, results: str, task: str, path: str,
