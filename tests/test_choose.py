@@ -437,7 +437,8 @@ def test_paired_differences_are_per_seed():
   from experiments.choose import report
 
   def res(train, val, acc):
-    return {"final": {"train_loss": train, "val_loss": val}, "test": {"test_accuracy": acc}}
+    return {"final": {"train_loss": train, "val_loss": val},
+            "test": {"test_accuracy": acc, "test_loss": 1.0 - acc}}
 
   base = {0: res(0.40, 0.50, 0.80), 1: res(0.30, 0.40, 0.70), 2: res(0.20, 0.30, 0.90)}
   meth = {0: res(0.38, 0.49, 0.81), 1: res(0.29, 0.41, 0.73), 3: res(0.1, 0.1, 0.99)}
@@ -448,7 +449,7 @@ def test_paired_differences_are_per_seed():
   text = report._paired_text("m", d)
   # mean +2.0, standard error std([1, 3], ddof=1) / sqrt(2) = 1.0
   assert "test acc (points) +2.0 ± 1.0 (seeds 0, 1: +1.0, +3.0)" in text
-  assert "train CE -0.0150 ± 0.0050" in text
+  assert "train CE -0.0150 ± 0.0050" in text and "test CE -0.0200 ± 0.0100" in text
   # a run without a test set (the test functions) and a single pair give no line
   assert report._paired_text("m", report.paired_differences(
       {0: {"final": {"train_loss": 1.0, "val_loss": None}, "test": None}},

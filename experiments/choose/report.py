@@ -317,14 +317,15 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
 
 def paired_differences(runs: dict, base_runs: dict) -> dict:
   """Method minus baseline, seed by seed, over the seeds both ran: ``{measure: (seeds,
-  differences)}`` for the final training and validation loss and the test accuracy (in
-  points). A per-seed difference removes what the pair shares (the probe start, the batch
-  order, the validation split), so its spread, not the spread of either run, is what
-  bounds a mean difference: the standard error of the mean of ``n`` paired differences is
-  their standard deviation over ``sqrt(n)``."""
+  differences)}`` for the final training and validation loss, the test loss and the test
+  accuracy (in points). A per-seed difference removes what the pair shares (the probe
+  start, the batch order, the validation split), so its spread, not the spread of either
+  run, is what bounds a mean difference: the standard error of the mean of ``n`` paired
+  differences is their standard deviation over ``sqrt(n)``."""
   out = {}
   getters = {"train CE": lambda r: r["final"]["train_loss"],
              "val CE": lambda r: r["final"]["val_loss"],
+             "test CE": lambda r: (r.get("test") or {}).get("test_loss", math.nan),
              "test acc (points)": lambda r: 100.0 * (r.get("test") or {}).get(
                  "test_accuracy", math.nan)}
   for measure, get in getters.items():
