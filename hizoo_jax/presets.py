@@ -206,8 +206,8 @@ def fzoo(peak_lr: float, total_steps: int, *, num_directions: int = 8,
   head (``hizoo_jax.models.peft.trainable_filter("ft", layers=(1, 2, 3))``) at a constant
   ``5.62e-4`` (selected on validation between ``1.78e-4``, slower, and ``1.78e-3``,
   unstable) it took 0.11, 0.12 and 0.31 of the passes, ended lower in training and test
-  loss on every seed and +0.8 points in test accuracy on the mean; it is the MiniLM
-  example's default with ``--data``. FZOO's step
+  loss on every seed and +0.8 points in test accuracy on the mean (+0.7 on five paired
+  seeds); it is the MiniLM example's default with ``--data``. FZOO's step
   is normalised by the spread of the probe losses, so its learning rate is in other units
   than MeZO's: on digits its best peak was about 5.6 times MeZO's. Heavy-ball momentum
   chained after the estimate (``optax.chain(hz.scale_by_fzoo(), optax.trace(0.9),

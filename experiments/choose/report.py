@@ -278,9 +278,10 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
              "interpolated | state bytes | s / forward pass |",
              "|---|---|---|---|---|---|---|---|---|"]
     paired = []
-    for label, lr, rs in [(f"{b_label} (baseline)", b_lr, b_runs),
-                          *selected_runs(name, results, task, extra_seeds, target)]:
-      if not label.endswith("(baseline)"):
+    for i, (label, lr, rs) in enumerate([(f"{b_label} (baseline)", b_lr, b_runs),
+                                         *selected_runs(name, results, task, extra_seeds,
+                                                        target)]):
+      if i:  # every row but the baseline's own
         paired.append((label, paired_differences(rs, b_runs)))
       ratios, interp = [], []
       for s, r in sorted(rs.items()):
@@ -324,7 +325,7 @@ def paired_differences(runs: dict, base_runs: dict) -> dict:
   differences is their standard deviation over ``sqrt(n)``."""
   out = {}
   getters = {"train CE": lambda r: r["final"]["train_loss"],
-             "val CE": lambda r: r["final"]["val_loss"],
+             "val CE": run.val_loss,
              "test CE": lambda r: (r.get("test") or {}).get("test_loss", math.nan),
              "test acc (points)": lambda r: 100.0 * (r.get("test") or {}).get(
                  "test_accuracy", math.nan)}
