@@ -653,6 +653,46 @@ TABLES.update({
         *[Grid(f, "fzoo", tuple(range(-16, -1, 2)), harness.SCHEDULES, (0, 1, 2), 6_000, 300,
                (("mu", 1e-3), ("num_directions", 8)), "_n8") for f in ("fa", "fb", "fc")],
     ],
+    # Every other method of the library on SST-2 full fine-tuning at the short budget (4,000
+    # passes, seed 0), constant like the tuned baseline there (constant MeZO 1e-5, the best
+    # schedule at this budget; sst2_short_mezo_constant) and like FZOO's rows
+    # (sst2_short_fzoo_constant): each method's half-decade grid, started at the rate its
+    # estimate's scale predicts and widened until the best is interior. A table each, so two
+    # queues can split them (a grid's runs are claimed one by one). Each method at its
+    # library default of its key option (Sparse MeZO sparsity 0.8, LOZO rank 2 with V
+    # redrawn every 50 steps, SubZero rank 8, ZO-Muon rank 64 with 4 probes); forward
+    # gradients are the exact-derivative control of MeZO (one jvp counted as 2 passes).
+    # Predicted on 2026-12-04 at 04:27, before any of them started (seed 0; constant MeZO
+    # 1e-5 ends at 0.3766 train CE, 0.3948 val CE, 78.6% test; FZOO-8 5.62e-4 at 0.3727,
+    # 0.3923):
+    # - Sparse MeZO: perturbs 20% of each matrix, so a ~5x smaller effective dimension and a
+    #   best rate 3-5x MeZO's (3.16e-5 or 1e-4, interior). The rate model gives it MeZO's
+    #   gain a pass if the small weights carry their share of |g|^2 and of tr H: level with
+    #   MeZO, train CE 0.373-0.380, val CE 0.390-0.398.
+    # - LOZO rank 2: E[g] = r grad (Z = U V^T unscaled), so its best rate is 1/2-1/4 of
+    #   MeZO's (3.16e-6); on digits it ended between constant MeZO and the decayed
+    #   baselines: level with MeZO here, 0.374-0.380 / 0.391-0.399.
+    # - SubZero rank 8: the perturbation's energy is a full Gaussian's, so MeZO's rate
+    #   (1e-5); on digits it ended above constant MeZO: 0.376-0.382 / 0.393-0.401.
+    # - ZO-Muon rank 64, 4 probes: a step of fixed length per matrix, like FZOO's
+    #   normalised one; best rate 1e-3 or 3.16e-4, ending between MeZO and FZOO or above
+    #   MeZO (the orthogonalised step of a noisy estimate is mostly noise): 0.372-0.382.
+    # - Forward gradient: the same Gaussian directions with the exact derivative; mu = 1e-3
+    #   loses nothing here, so it tracks MeZO at 1e-5: within 0.002 of 0.3766 / 0.3948,
+    #   at 1.5-3x MeZO's seconds a pass (a jvp on CPU).
+    "sst2_short_sparse_mezo": [Grid("sst2_ft_full", "sparse_mezo", (-18, -16, -20),
+                                    ("constant",), (0,), 4_000, 1_000, MEZO_MU, refine=False)],
+    "sst2_short_lozo": [Grid("sst2_ft_full", "lozo", (-22, -20, -24), ("constant",), (0,),
+                             4_000, 1_000, (("mu", 1e-3), ("rank", 2)), "_r2", refine=False)],
+    "sst2_short_subzero": [Grid("sst2_ft_full", "subzero", (-20, -22, -18), ("constant",),
+                                (0,), 4_000, 1_000, (("mu", 1e-3), ("rank", 8)), "_r8",
+                                refine=False)],
+    "sst2_short_zo_muon": [Grid("sst2_ft_full", "zo_muon", (-12, -14, -10), ("constant",),
+                                (0,), 4_000, 1_000,
+                                (("mu", 1e-3), ("rank", 64), ("num_directions", 4)), "_r64",
+                                refine=False)],
+    "sst2_short_forward_gradient": [Grid("sst2_ft_full", "forward_gradient", (-20, -22, -18),
+                                         ("constant",), (0,), 4_000, 1_000, refine=False)],
 })
 
 
