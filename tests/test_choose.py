@@ -454,3 +454,27 @@ def test_paired_differences_are_per_seed():
   assert report._paired_text("m", report.paired_differences(
       {0: {"final": {"train_loss": 1.0, "val_loss": None}, "test": None}},
       {0: {"final": {"train_loss": 2.0, "val_loss": None}, "test": None}})) == ""
+
+
+def test_every_table_builds_its_optimizers():
+  """Every grid of every table names a task that exists and a method whose options build
+  and initialise (a typo in an option would otherwise surface hours into a queue)."""
+  import jax.numpy as jnp
+
+  params = {"w": jnp.ones((8, 8), jnp.float32), "b": jnp.zeros((8,), jnp.float32)}
+  built = set()
+  for name, grids in run.TABLES.items():
+    for g in grids:
+      assert g.task in tasks.TASKS, (name, g.task)
+      assert g.exponents and g.seeds and g.budget > 0, name
+      if g.method in (harness.ORACLE, harness.CONTROL):
+        continue
+      key = (g.method, g.options)
+      if key in built:
+        continue
+      opts = harness.resolve_options(dict(g.options), 64 + 8)
+      tx = harness.build_tx(g.method, run.lr_of(g.exponents[0]), opts, seed=0)
+      state = tx.init(params)
+      assert state is not None, (name, g.method)
+      built.add(key)
+  assert any(m == "zo_muon" for m, _ in built) and any(m == "sparse_mezo" for m, _ in built)
