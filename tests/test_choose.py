@@ -140,6 +140,24 @@ def test_hizoo_cost_and_options():
   assert np.allclose([float(s(t)) for t in range(5)], [2.0, 1.5, 1.0, 0.5, 0.0])
 
 
+def test_forward_gradient_runs_without_a_tape_and_resumes(tmp_path):
+  # its step differentiates the loss: no tape (a host callback has no derivative), two
+  # passes a step from the state's counter, and an interrupted run resumes bit for bit
+  cfg = harness.make_config("digits", "forward_gradient", 1e-2, schedule="constant",
+                            seed=1, budget=80, eval_every=40)
+  task = tasks.TASKS["digits"]
+  whole = harness.run(cfg, task, results=str(tmp_path / "a"), ckpts=str(tmp_path / "ca"),
+                      traces=str(tmp_path / "ta"), log=lambda s: None)
+  assert whole["forward_passes"] == 80 and whole["steps"] == 40
+  assert whole["curve"][-1]["train_loss"] < whole["curve"][0]["train_loss"]
+  kw = dict(results=str(tmp_path / "b"), ckpts=str(tmp_path / "cb"),
+            traces=str(tmp_path / "tb"), log=lambda s: None)
+  assert harness.run(cfg, task, stop_after=40, **kw) is None
+  assert not os.path.exists(harness.trace_dir(cfg, kw["traces"]))
+  resumed = harness.run(cfg, task, **kw)
+  assert resumed["final"] == whole["final"]
+
+
 def test_hizoo_runs_and_counts(tmp_path):
   cfg = harness.make_config("fa", "hizoo", 1e-2, options={"mu": 1e-2,
                             "hessian_smoothing": "0.5/d"}, budget=30, eval_every=10)

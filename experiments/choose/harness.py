@@ -131,6 +131,11 @@ CONTROL = "mezo_hctl"
 ORACLE = "oracle"
 METHODS[ORACLE] = Method("hizoo", lambda o, t: 2 * _n(o) + (1 if t == 0 else 0))
 TRACE_STRIDE = 10  # steps between the samples of mean H(t) kept for the control
+# Methods whose step differentiates the loss (a jvp): their trajectory depends on the
+# directional derivative as well as the loss, which the tape does not hold, and a host
+# callback cannot be differentiated. They run without a tape; an interrupted run resumes
+# from its checkpoint (a lost checkpoint starts it again).
+TAPELESS = frozenset({"forward_gradient"})
 
 
 def method_of(name: str) -> Method:
@@ -424,7 +429,8 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   cdir = ckpt_dir(cfg, ckpts)
   tdir = trace_dir(cfg, traces)
   restoring = os.path.isfile(os.path.join(cdir, "history.json"))
-  taped = None if restoring or cfg.method == ORACLE else _load_tape(tdir)
+  taped = (None if restoring or cfg.method == ORACLE or cfg.method in TAPELESS
+           else _load_tape(tdir))
   if taped is not None and taped[0].get("code") != code_version():
     log(f"  {cfg.run_id}: its loss tape was recorded with {taped[0].get('code')}, this is "
         f"{code_version()}; a replay needs the same hizoo_jax, so it starts again")
@@ -473,7 +479,7 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   ckpt = checkpoint.Checkpointer(cdir, max_to_keep=2)
   hist: dict[str, Any] = {"t": 0, "fp": 0, "train_seconds": 0.0, "evals": [], "windows": [],
                           "code": code_version(), "mean_h_trace": [],
-                          "tape": cfg.method != ORACLE}
+                          "tape": cfg.method not in TAPELESS and cfg.method != ORACLE}
   if taped is not None:
     params, opt_state, hist, tape = _replay(tx, inst, params, opt_state, *taped, cfg, log)
     if hist is None:  # the replay did not reproduce the recorded evaluation
