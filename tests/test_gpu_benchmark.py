@@ -50,3 +50,19 @@ def test_gpu_benchmark_tiny_table(tmp_path):
   methods = [r["method"] for r in merged["rows"]]
   assert sorted(methods) == sorted(set(METHODS) | {"lozo"})  # mezo once, not twice
   assert "The whole table" in proc.stdout
+
+
+def test_bfloat16_step_memory_is_the_restore_choice(tmp_path):
+  # benchmarks/llama1b_memory.py on the tiny Llama in bfloat16 (abstract params, compiled
+  # only): the default for 16-bit params, restore="exact", holds one more params-worth
+  # of temporaries than the forward pass (the kept theta); "inplace" holds none. Bounds:
+  # the buffer is exactly one params-worth; XLA's other temporaries move by a few KiB.
+  out = tmp_path / "mem.json"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "llama1b_memory.py"), "--model",
+       "tiny", "--methods", "mezo", "--out", str(out)],
+      capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = {r["restore"]: r for r in json.loads(out.read_text())["rows"]}
+  assert 0.9 < rows["exact"]["extra_temp_params"] < 1.1
+  assert abs(rows["inplace"]["extra_temp_params"]) < 0.1
