@@ -496,3 +496,68 @@ def test_every_table_builds_its_optimizers():
       assert state is not None, (name, g.method)
       built.add(key)
   assert any(m == "zo_muon" for m, _ in built) and any(m == "sparse_mezo" for m, _ in built)
+
+
+# Where each of ``hz.presets.MEASURED``'s settings was measured: task -> method -> (table,
+# the harness's task, the grids of that method in the table whose best it is).
+MEASURED_SOURCES = {
+    "digits": ("digits", {
+        "mezo": ("digits_mezo", ("",)), "fzoo": ("digits_methods", ("_n4", "_n8", "_n16")),
+        "forward_gradient": ("digits_methods", ("",)),
+        "lozo": ("digits_methods", ("_r2", "_r8")),
+        "subzero": ("digits_methods", ("_r2", "_r8")),
+        "zo_muon": ("digits_methods", ("_r2", "_r8")),
+        "hizoo": ("digits_hizoo", ("_a0.5d", "_a0.001", "_a1e-06")),
+        "hizoo_l": ("digits_hizoo_l", ("_a0.5d", "_a0.001", "_a1e-06"))}),
+    "sst2_ft": ("sst2_ft_full", {
+        "mezo": ("sst2_short_mezo_constant", ("",)),
+        "fzoo": ("sst2_short_fzoo_constant", ("_n8",)),
+        "sparse_mezo": ("sst2_short_sparse_mezo", ("",)),
+        "forward_gradient": ("sst2_short_forward_gradient", ("",)),
+        "lozo": ("sst2_short_lozo", ("_r2",)), "subzero": ("sst2_short_subzero", ("_r8",)),
+        "zo_muon": ("sst2_short_zo_muon", ("_r64",))}),
+    "sst2_lora": ("sst2_lora_full", {
+        "mezo": ("sst2_short_lora_mezo", ("",)),
+        "fzoo": ("sst2_short_lora_fzoo", ("_n8",))}),
+}
+
+
+def test_measured_presets_are_the_benchmarks_selection():
+  """``hz.presets.MEASURED`` is what the committed results select: per method, the grid
+  with the lowest validation loss at its selected (constant) rate, that rate to the three
+  digits the preset spells, and the options the runs were made with."""
+  import math
+
+  import jax.numpy as jnp
+
+  import hizoo_jax as hz
+  from experiments.choose import report
+
+  results = os.path.join(os.path.dirname(run.__file__), "results")
+  assert set(hz.presets.MEASURED) == set(MEASURED_SOURCES)
+  params = {"w": jnp.ones((8, 8), jnp.float32), "b": jnp.zeros((8,), jnp.float32)}
+  for task, methods in hz.presets.MEASURED.items():
+    harness_task, sources = MEASURED_SOURCES[task]
+    assert set(methods) == set(sources), task
+    for method, preset in methods.items():
+      table, tags = sources[method]
+      best = {}
+      for g in run.TABLES[table]:
+        if g.task == harness_task and g.method == method and g.tag in tags:
+          exps = report.grid_exponents(g, "constant", results)
+          e, means = run.select(g, "constant", exps, results)
+          assert e is not None, (task, method, g.tag)
+          assert e not in (min(exps), max(exps)), (task, method, g.tag)  # interior
+          best[g.tag] = (means[e], e, g)
+      assert set(best) == set(tags), (task, method, best)
+      _, e, g = min(best.values(), key=lambda b: b[0])
+      assert math.isclose(preset["learning_rate"], run.lr_of(e), rel_tol=2e-3), (task, method)
+      ran = run.load(g.config(e, "constant", g.seeds[0]), results)
+      for k, v in ran["resolved_options"].items():
+        assert preset[k] == v, (task, method, k)
+      tx = hz.presets.measured(method, task, seed=3)
+      assert tx.init(params) is not None
+  with pytest.raises(ValueError, match="measured tasks"):
+    hz.presets.measured("mezo", "imagenet")
+  with pytest.raises(ValueError, match="measured there"):
+    hz.presets.measured("sparse_mezo", "digits")

@@ -718,7 +718,7 @@ TABLES.update({
     # train CE -0.0024 +- 0.0017 (seeds -0.0016, -0.0056, -0.0000), val CE +0.0011 +- 0.0014,
     # test CE -0.0038 +- 0.0017, test acc +0.2 +- 0.4 points. The only method whose test CE
     # is lower on every seed so far; two more seeds (MeZO has 3 and 4) decide whether that
-    # holds. Predicted 2026-12-04 12:50, before they started: train CE within 0.004 of
+    # holds. Predicted 2026-12-04 12:40, before they started: train CE within 0.004 of
     # MeZO's on each (0.3735-0.3815), below it on at least one; over five seeds the paired
     # train difference -0.002 +- 0.0015 (not two standard errors from zero) and test CE
     # -0.003 +- 0.0015; ratios 0.7-1.0 or never, none below 0.5.
