@@ -730,7 +730,7 @@ TABLES.update({
     # 0.0011), and MeZO on layers 1-3 ended -0.0020 +- 0.0016 (the gradient's share there
     # is about twice the curvature's). Whether the two compound: ZO-Muon's grid at seed 0,
     # closed, then seeds 1 and 2 at the selected rate, against constant MeZO on every
-    # parameter (the tuned baseline). Predicted 2026-12-04 13:31, before it started: its
+    # parameter (the tuned baseline). Predicted 2026-12-04 13:22, before it started: its
     # step has a fixed length per matrix, so with a third of the matrices the best rate is
     # the same or a half-decade higher (3.16e-3 or 1e-2, interior); seed 0 ends at train CE
     # 0.368-0.374 and val CE 0.389-0.396 (full ZO-Muon 0.3750 / 0.3933, MeZO on layers 1-3
