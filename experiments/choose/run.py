@@ -740,9 +740,9 @@ TABLES.update({
                                        ("constant",), (0,), 4_000, 1_000,
                                        (("mu", 1e-3), ("rank", 64), ("num_directions", 4)),
                                        "_r64", refine=False, confirm_seeds=(1, 2))],
-    # Its point above the grid, run beside the grid's last point on the otherwise idle core
-    # (the same run as the grid's widening would make, so the grid finds it done).
-    "sst2_short_layers_zo_muon_up": [Grid("sst2_ftl123_full", "zo_muon", (-6,), ("constant",),
+    # Its points above the grid, run beside the grid's last point on the otherwise idle core
+    # (the same runs as the grid's widening would make, so the grid finds them done).
+    "sst2_short_layers_zo_muon_up": [Grid("sst2_ftl123_full", "zo_muon", (-6, -4), ("constant",),
                                           (0,), 4_000, 1_000,
                                           (("mu", 1e-3), ("rank", 64), ("num_directions", 4)),
                                           "_r64", widen=False, refine=False)],
