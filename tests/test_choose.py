@@ -551,7 +551,9 @@ def test_measured_presets_are_the_benchmarks_selection():
           best[g.tag] = (means[e], e, g)
       assert set(best) == set(tags), (task, method, best)
       _, e, g = min(best.values(), key=lambda b: b[0])
-      assert math.isclose(preset["learning_rate"], run.lr_of(e), rel_tol=2e-3), (task, method)
+      # the preset spells the rate to three significant digits: rounding there moves it by
+      # at most half a unit of the third digit, 0.005 of a leading 1.00
+      assert math.isclose(preset["learning_rate"], run.lr_of(e), rel_tol=5e-3), (task, method)
       ran = run.load(g.config(e, "constant", g.seeds[0]), results)
       for k, v in ran["resolved_options"].items():
         assert preset[k] == v, (task, method, k)
