@@ -247,6 +247,27 @@ def test_confirm_seeds_run_only_at_the_selected_rate(tmp_path, monkeypatch):
   assert lr == run.lr_of(best) and sorted(runs) == [0, 1, 2]
 
 
+def test_only_runs_the_named_runs_and_counts_the_rest(tmp_path, capsys):
+  res, ck = str(tmp_path / "r"), str(tmp_path / "c")
+  grid = run.Grid("fa", "mezo", (-12, -8, -4), ("constant",), (0,), 20, 10, widen=False,
+                  refine=False, confirm_seeds=(1,))
+  ids = {e: grid.config(e, "constant", 0).run_id for e in grid.exponents}
+  run.run_grid(grid, results=res, ckpts=ck, only=(ids[-8],))
+  done = {e for e in grid.exponents if run.load(grid.config(e, "constant", 0), res)}
+  assert done == {-8}
+  assert run.select(grid, "constant", grid.exponents, res)[0] is None  # not selected yet
+  # the rest, then a queue that takes only the confirming seed: the run the table would make
+  run.run_grid(grid, results=res, ckpts=ck, only=("*_s0_*",))
+  best, _ = run.select(grid, "constant", grid.exponents, res)
+  assert best is not None and run.load(grid.config(best, "constant", 1), res) is None
+  run.run_grid(grid, results=res, ckpts=ck, only=("fa/*_s1_*",))
+  assert run.load(grid.config(best, "constant", 1), res) is not None
+  out = capsys.readouterr().out
+  assert out.count("=== ") == 4  # each run once, none of them twice
+  with pytest.raises(SystemExit):
+    run.main(["--table", "smoke", "--only"])  # a pattern is required
+
+
 def test_lock_is_exclusive(tmp_path):
   path = str(tmp_path / "x.json")
   lock = run.claim(path)

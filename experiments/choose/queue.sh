@@ -11,7 +11,9 @@
 # (commit traces/ at the end of a session: on a new machine a run replays its tape in a
 # few minutes instead of starting again); the log to
 # experiments/choose/logs/<first table>.log (or $CHOOSE_LOG: two queues that start with the
-# same table keep separate logs). Runs are niced and XLA is kept to one thread
+# same table keep separate logs). $CHOOSE_ONLY (space-separated shell patterns of run ids)
+# limits the queue to the matching runs of its tables (run.py --only): a second queue takes
+# named runs, say a grid's confirming seeds, and leaves the rest to the first. Runs are niced and XLA is kept to one thread
 # (the machine's two cores are shared). Resumable: run the same command again.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,6 +34,7 @@ case "$py" in */*) [[ "$py" = /* ]] || py="$root/$py" ;; esac
 [[ "$log" = /* ]] || log="$root/$log"
 tables=()
 for t in "$@"; do tables+=(--table "$t"); done
+for pat in ${CHOOSE_ONLY:-}; do tables+=(--only "$pat"); done
 cd "$snap"
 export CHOOSE_HIZOO_COMMIT="$commit"
 # the snapshot lives elsewhere: point the SST-2 task at this checkout's data

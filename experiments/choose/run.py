@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import json
 import math
 import os
@@ -888,17 +889,35 @@ def select(grid: Grid, schedule: str, exponents, results: str = harness.RESULTS)
   return min(means, key=lambda e: (means[e], e)), means
 
 
+def matches(cfg: harness.RunConfig, only=()) -> bool:
+  """Whether ``--only`` lets the queue run ``cfg``: no patterns, or its run id (or
+  ``<task>/<run id>``) matches one of the shell-style patterns."""
+  return not only or any(fnmatch.fnmatchcase(cfg.run_id, p)
+                         or fnmatch.fnmatchcase(f"{cfg.task}/{cfg.run_id}", p) for p in only)
+
+
 def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness.CKPTS,
              traces: str = harness.TRACES,
-             reverse: bool = False) -> None:
-  """Every schedule's learning rates x seeds, widened until the best is interior."""
+             reverse: bool = False, only=()) -> None:
+  """Every schedule's learning rates x seeds, widened until the best is interior.
+
+  ``only``: shell-style patterns of run ids; runs that match none are not started here
+  (their results still count where they exist), so a second queue can take one named run
+  of a table, such as a grid's widening point or a confirming seed, while the first runs the
+  rest; the run is the same one (same id) that the table's own queue would make.
+  """
+  def run_one(cfg):
+    if not matches(cfg, only):
+      return load(cfg, results)
+    return execute(cfg, results=results, ckpts=ckpts, traces=traces)
+
   for schedule in grid.schedules:
     exps = list(grid.exponents)
     while True:
       order = list(reversed(exps)) if reverse else exps
       for e in order:
         for s in (reversed(grid.seeds) if reverse else grid.seeds):
-          execute(grid.config(e, schedule, s), results=results, ckpts=ckpts, traces=traces)
+          run_one(grid.config(e, schedule, s))
       best, means = select(grid, schedule, exps, results)
       shown = ", ".join(f"{lr_of(e):.3g}: {means[e]:.4f}" for e in sorted(exps))
       print(f"### {grid.task} {grid.method}{grid.tag} {schedule}: mean val loss {{{shown}}}"
@@ -916,12 +935,11 @@ def run_grid(grid: Grid, *, results: str = harness.RESULTS, ckpts: str = harness
     if best is not None:
       for s in grid.confirm_seeds:
         if s not in grid.seeds:
-          execute(grid.config(best, schedule, s), results=results, ckpts=ckpts, traces=traces)
+          run_one(grid.config(best, schedule, s))
     if grid.control and best is not None:
       for s in grid.seeds:
         if load(grid.config(best, schedule, s), results) is not None:
-          execute(grid.control_config(best, schedule, s), results=results, ckpts=ckpts,
-                  traces=traces)
+          run_one(grid.control_config(best, schedule, s))
 
 
 def progress(name: str, results: str = harness.RESULTS) -> str:
@@ -943,6 +961,9 @@ def main(argv=None) -> None:
   p.add_argument("--reverse", action="store_true",
                  help="go through the grids from the other end (a second queue)")
   p.add_argument("--list", action="store_true", help="print the tables' progress")
+  p.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                 help="run only the runs whose id (or task/id) matches this shell-style "
+                      "pattern (repeatable), e.g. 'zo_muon_r64_constant_lr0.01_s[12]_*'")
   p.add_argument("--results", default=harness.RESULTS)
   p.add_argument("--ckpts", default=harness.CKPTS)
   p.add_argument("--traces", default=harness.TRACES,
@@ -961,7 +982,8 @@ def main(argv=None) -> None:
       p.error(f"unknown table {name!r}; one of {sorted(TABLES)}")
     grids = list(reversed(TABLES[name])) if a.reverse else TABLES[name]
     for g in grids:
-      run_grid(g, results=a.results, ckpts=a.ckpts, traces=a.traces, reverse=a.reverse)
+      run_grid(g, results=a.results, ckpts=a.ckpts, traces=a.traces, reverse=a.reverse,
+               only=tuple(a.only))
     print(f"##### {progress(name, a.results)} ({time.strftime('%H:%M:%S')})", flush=True)
 
 
