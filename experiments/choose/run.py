@@ -771,9 +771,9 @@ TABLES.update({
     # alphas H(t) stays at its start of 1 over 1,333 steps (1,333 alpha < 1.4e-3 of the way
     # to its target), so their control would be the baseline's own run. Alpha 1e-3 first
     # (the only one whose H moves in this budget), then the preset's, then 1e-6.
-    # Predicted 2026-12-04 16:24, before any of them started (seed 0; constant MeZO 1e-5:
-    # 0.3783 / 0.3953 at 2,000 passes, 0.3770 / 0.3955 at 3,000, 0.3766 / 0.3948 at 4,000;
-    # the exact diagonal, fixed, cosine, ended at 0.3782 / 0.3965):
+    # Predicted 2026-12-04 16:23 (commit 4276b06), before any of them started (seed 0;
+    # constant MeZO 1e-5: 0.3783 / 0.3953 at 2,000 passes, 0.3770 / 0.3955 at 3,000, 0.3766
+    # / 0.3948 at 4,000; the exact diagonal, fixed, cosine, ended at 0.3782 / 0.3965):
     # - alpha 1e-3: mean H(t) rises from 1 to 10-50 (the LoRA runs of docs/results/sst2.md
     #   reached 16.6 in 500 steps), so the step is lr / H and the best rate is 3-30x MeZO's:
     #   3.16e-5 or 1e-4, interior. It ends at train CE 0.376-0.380 and val CE 0.394-0.399,
@@ -792,6 +792,27 @@ TABLES.update({
         *[Grid("sst2_ft_full", "hizoo", (-20, -22, -18), ("constant",), (0,), 4_000, 1_000,
                (("hessian_smoothing", a), ("mu", 1e-3)), _alpha_tag(a), refine=False)
           for a in ("0.5/d", 1e-6)],
+    ],
+    # HiZOO on the LoRA task at the same budget, with the tuned LoRA baseline's schedule
+    # (cosine; MeZO 5.62e-4 at seed 0: 0.3698 / 0.3896 at 2,000 passes, 0.3686 / 0.3891 at
+    # 3,000, 0.3682 / 0.3889 / 80.3% at 4,000) and the LoRA alphas (1e-3; 0.5/d = 6.7e-6 of
+    # the 74,498 trainable numbers; 1e-10, the reference scripts' LoRA value), the control
+    # after 1e-3. Queued after sst2_short_hizoo's first two grids. The grids start at the
+    # baseline's 5.62e-4 for the small alphas (H stays within 1% of 1) and a half-decade
+    # above it for 1e-3 (the step is lr / H(t)).
+    # Predicted 2026-12-04 16:26, before any of them started (seed 0):
+    # - alpha 1e-3: best 1.78e-3 or 5.62e-3, interior; ends at train 0.368-0.374, val
+    #   0.388-0.395, level with or above the baseline; ratio never or above 0.8; its control
+    #   within 0.0015 of it in train CE.
+    # - alpha 0.5/d and 1e-10: cosine MeZO with 2/3 of its steps: best 5.62e-4, ending at
+    #   0.369-0.374 / 0.389-0.394, within 0.001 of each other; ratio never.
+    "sst2_short_lora_hizoo": [
+        Grid("sst2_lora_full", "hizoo", (-11, -9, -13), ("cosine",), (0,), 4_000, 1_000,
+             (("hessian_smoothing", 1e-3), ("mu", 1e-3)), _alpha_tag(1e-3), refine=False,
+             control=True),
+        *[Grid("sst2_lora_full", "hizoo", (-13, -11, -15), ("cosine",), (0,), 4_000, 1_000,
+               (("hessian_smoothing", a), ("mu", 1e-3)), _alpha_tag(a), refine=False)
+          for a in ("0.5/d", 1e-10)],
     ],
 })
 
