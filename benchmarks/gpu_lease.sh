@@ -4,6 +4,9 @@
 #
 #   bash benchmarks/gpu_lease.sh OUTDIR
 #
+# (before the device call: `bash benchmarks/device_tree.sh slim`, carry [".gpu"]; after:
+# `bash benchmarks/device_tree.sh restore`)
+#
 # from the repository root, on a machine with jax (CUDA), optax, flax, safetensors and
 # tokenizers but without this package installed: the package runs from the source tree,
 # and the MiniLM weights and SST-2 come from $PACK (default .gpu):
