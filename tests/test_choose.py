@@ -536,7 +536,8 @@ MEASURED_SOURCES = {
         "sparse_mezo": ("sst2_short_sparse_mezo", ("",)),
         "forward_gradient": ("sst2_short_forward_gradient", ("",)),
         "lozo": ("sst2_short_lozo", ("_r2",)), "subzero": ("sst2_short_subzero", ("_r8",)),
-        "zo_muon": ("sst2_short_zo_muon", ("_r64",))}),
+        "zo_muon": ("sst2_short_zo_muon", ("_r64",)),
+        "hizoo": ("sst2_short_hizoo", ("_a0.5d", "_a0.001", "_a1e-06"))}),
     "sst2_lora": ("sst2_lora_full", {
         "mezo": ("sst2_short_lora_mezo", ("",)),
         "fzoo": ("sst2_short_lora_fzoo", ("_n8",))}),

@@ -801,6 +801,10 @@ TABLES.update({
     # 16:59): its first steps, before H grew, did the damage the prediction feared. So the
     # grid stops at 1e-3 (the next half-decade, which shows whether the trend turns):
     # 3.16e-3 and 1e-2 were dropped before they started.
+    # Measured 2026-12-04 18:37 (seed 0; "HiZOO itself at this budget"): alpha 1e-3 selects
+    # 3.16e-5 (a tie in the noise) at 0.3806 / 0.3985, its control 0.3801 / 0.3984; 0.5/d
+    # selects 1e-5 at 0.3772 / 0.3953 (H 1.02); 1e-6 selects 1e-5 at 0.3776 / 0.3957 (H
+    # 1.69), its control 0.3771 / 0.3951. None reaches MeZO's 0.3766 (ratio never).
     "sst2_short_hizoo": [
         Grid("sst2_ft_full", "hizoo", (-18, -16, -20, -14, -12), ("constant",), (0,),
              4_000, 1_000,
@@ -831,6 +835,9 @@ TABLES.update({
     #   within 0.0015 of it in train CE.
     # - alpha 0.5/d and 1e-10: cosine MeZO with 2/3 of its steps: best 5.62e-4, ending at
     #   0.369-0.374 / 0.389-0.394, within 0.001 of each other; ratio never.
+    # Measured 2026-12-04 18:45 (seed 0): 1.78e-3 ended at 0.3735 / 0.3955 / 79.0%, above the
+    # baseline and inside the predicted ranges; 5.62e-3 at 0.4099 / 0.4392 (hurt early).
+    # The grid goes on at 5.62e-4.
     "sst2_short_lora_hizoo": [
         Grid("sst2_lora_full", "hizoo", (-11, -9, -13), ("cosine",), (0,), 4_000, 1_000,
              (("hessian_smoothing", 1e-3), ("mu", 1e-3)), _alpha_tag(1e-3), refine=False,
