@@ -13,8 +13,9 @@
 # experiments/choose/logs/<first table>.log (or $CHOOSE_LOG: two queues that start with the
 # same table keep separate logs). $CHOOSE_ONLY (space-separated shell patterns of run ids)
 # limits the queue to the matching runs of its tables (run.py --only): a second queue takes
-# named runs, say a grid's confirming seeds, and leaves the rest to the first. Runs are niced and XLA is kept to one thread
-# (the machine's two cores are shared). Resumable: run the same command again.
+# named runs, say a grid's confirming seeds, and leaves the rest to the first. Runs are
+# niced and XLA is kept to one thread (the machine's two cores are shared). Resumable: run
+# the same command again.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
