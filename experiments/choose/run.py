@@ -846,6 +846,34 @@ TABLES.update({
                (("hessian_smoothing", a), ("mu", 1e-3)), _alpha_tag(a), refine=False)
           for a in ("0.5/d", 1e-10)],
     ],
+    # The low-rank methods' key option, their rank, on SST-2 full fine-tuning at the short
+    # budget (4,000 passes, seed 0, constant, like their rows at the library's default rank
+    # in sst2_short_lozo/_subzero/_zo_muon): one more rank each, on the side the default
+    # leaves open (LOZO 2 -> 8, SubZero 8 -> 32, ZO-Muon 64 -> 16), each grid widened until
+    # its best rate is interior. Predicted 2026-12-04 19:40, before any of them started
+    # (rank-2/8/64 rows: LOZO 3.16e-6 0.3780 / 0.3972, SubZero 1e-5 0.3759 / 0.3914, ZO-Muon
+    # 3.16e-3 0.3750 / 0.3933; constant MeZO 1e-5 0.3766 / 0.3948):
+    # - The rate model's gain a step at the best rate, |P g|^4 / (E|ghat|^2 L), comes out
+    #   the same for every rank in all three (a larger subspace holds more of the gradient
+    #   and as much more of the noise), so the ranks move the best rate, not the end point.
+    # - LOZO rank 8: E[ghat] = r g (U V^T is not scaled by the rank), so its best rate is
+    #   about a quarter of rank 2's: 1e-6 selected (3.16e-7 or 3.16e-6 at the edges);
+    #   a subspace four times larger holds V's 50 steps closer to MeZO's: 0.3765-0.3790 /
+    #   0.394-0.399, between rank 2 and MeZO or level with either.
+    # - SubZero rank 32: energy-matched and unbiased at every rank, so MeZO's 1e-5 again,
+    #   ending within 0.002 of rank 8 (0.374-0.378 / 0.389-0.394).
+    # - ZO-Muon rank 16, 4 probes: the orthogonalised step has Frobenius norm about
+    #   sqrt(rank) per matrix, half rank 64's, so its best rate is about twice rank 64's
+    #   (3.16e-3 or 1e-2, interior), ending within 0.002 of rank 64 (0.373-0.377 /
+    #   0.391-0.396), at fewer seconds a pass (a smaller QR and Newton-Schulz).
+    "sst2_short_ranks": [
+        Grid("sst2_ft_full", "lozo", (-24, -26, -22), ("constant",), (0,), 4_000, 1_000,
+             (("mu", 1e-3), ("rank", 8)), "_r8", refine=False),
+        Grid("sst2_ft_full", "subzero", (-20, -22, -18), ("constant",), (0,), 4_000, 1_000,
+             (("mu", 1e-3), ("rank", 32)), "_r32", refine=False),
+        Grid("sst2_ft_full", "zo_muon", (-10, -8, -12), ("constant",), (0,), 4_000, 1_000,
+             (("mu", 1e-3), ("rank", 16), ("num_directions", 4)), "_r16", refine=False),
+    ],
 })
 
 
