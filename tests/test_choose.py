@@ -587,50 +587,79 @@ def test_measured_presets_are_the_benchmarks_selection():
     hz.presets.measured("sparse_mezo", "digits")
 
 
-# The "At a glance" table of docs/results/choosing.md: each row's method cell -> (table, the
-# baseline table, the seeds besides the grid's, the report's label of the row, task).
+# The "At a glance" tables of docs/results/choosing.md, by the first cells of their header:
+# each row's (passes, method) cells -> (table, the baseline table, the seeds besides the grid's, the
+# report's label of the row, task).
 GLANCE = {
-    "FZOO-8, layers 1-3 and the head, constant 5.62·10⁻⁴": (
-        "sst2_long_ftl123_fzoo", "sst2_long_ft_cosine", (1, 2, 3, 4), "fzoo_n8 constant",
-        "sst2_ftl123_full"),
-    "FZOO-8, every parameter, constant 1.78·10⁻⁴": (
-        "sst2_long_ft_fzoo", "sst2_long_ft_cosine", (1, 2), "fzoo_n8 constant",
-        "sst2_ft_full"),
-    "ZO-Muon, rank 64, 4 probes, 3.16·10⁻³": (
-        "sst2_short_zo_muon", "sst2_short_mezo_constant", (1, 2, 3, 4),
-        "zo_muon_r64 constant", "sst2_ft_full"),
-    "ZO-Muon, layers 1-3, 10⁻²": (
-        "sst2_short_layers_zo_muon", "sst2_short_mezo_constant", (1, 2),
-        "zo_muon_r64 constant", "sst2_ftl123_full"),
-    "MeZO, layers 1-3, 1.78·10⁻⁵": (
-        "sst2_short_layers", "sst2_short_mezo_constant", (1, 2, 3, 4), "mezo constant",
-        "sst2_ftl123_full"),
-    "FZOO-8, constant 5.62·10⁻⁴": (
-        "sst2_short_fzoo_constant", "sst2_short_mezo_constant", (1, 2), "fzoo_n8 constant",
-        "sst2_ft_full"),
-    "Sparse MeZO, 10⁻⁴": (
-        "sst2_short_sparse_mezo", "sst2_short_mezo_constant", (1, 2, 3, 4),
-        "sparse_mezo constant", "sst2_ft_full"),
-    "SubZero, rank 8, 10⁻⁵": (
-        "sst2_short_subzero", "sst2_short_mezo_constant", (1, 2), "subzero_r8 constant",
-        "sst2_ft_full"),
-    "curvature oracle: exact Hessian diagonal, cosine 3.16·10⁻⁵": (
-        "sst2_short_oracle", "sst2_short_mezo_constant", (1, 2),
-        "oracle_diag_r0_f1 cosine", "sst2_ft_full"),
-    "HiZOO, α = 0.5/d (the best of three α), 10⁻⁵": (
-        "sst2_short_hizoo", "sst2_short_mezo_constant", (), "hizoo_a0.5d constant",
-        "sst2_ft_full"),
-    "LOZO, rank 2, 3.16·10⁻⁶": (
-        "sst2_short_lozo", "sst2_short_mezo_constant", (), "lozo_r2 constant",
-        "sst2_ft_full"),
-    "forward gradient (exact jvp), 10⁻⁵": (
-        "sst2_short_forward_gradient", "sst2_short_mezo_constant", (),
-        "forward_gradient constant", "sst2_ft_full"),
+    "| passes | method, setting |": {
+        ("20,000", "FZOO-8, layers 1-3 and the head, constant 5.62·10⁻⁴"): (
+            "sst2_long_ftl123_fzoo", "sst2_long_ft_cosine", (1, 2, 3, 4), "fzoo_n8 constant",
+            "sst2_ftl123_full"),
+        ("20,000", "FZOO-8, every parameter, constant 1.78·10⁻⁴"): (
+            "sst2_long_ft_fzoo", "sst2_long_ft_cosine", (1, 2), "fzoo_n8 constant",
+            "sst2_ft_full"),
+        ("4,000", "ZO-Muon, rank 64, 4 probes, 3.16·10⁻³"): (
+            "sst2_short_zo_muon", "sst2_short_mezo_constant", (1, 2, 3, 4),
+            "zo_muon_r64 constant", "sst2_ft_full"),
+        ("4,000", "ZO-Muon, layers 1-3, 10⁻²"): (
+            "sst2_short_layers_zo_muon", "sst2_short_mezo_constant", (1, 2),
+            "zo_muon_r64 constant", "sst2_ftl123_full"),
+        ("4,000", "MeZO, layers 1-3, 1.78·10⁻⁵"): (
+            "sst2_short_layers", "sst2_short_mezo_constant", (1, 2, 3, 4), "mezo constant",
+            "sst2_ftl123_full"),
+        ("4,000", "FZOO-8, constant 5.62·10⁻⁴"): (
+            "sst2_short_fzoo_constant", "sst2_short_mezo_constant", (1, 2),
+            "fzoo_n8 constant", "sst2_ft_full"),
+        ("4,000", "Sparse MeZO, 10⁻⁴"): (
+            "sst2_short_sparse_mezo", "sst2_short_mezo_constant", (1, 2, 3, 4),
+            "sparse_mezo constant", "sst2_ft_full"),
+        ("4,000", "SubZero, rank 8, 10⁻⁵"): (
+            "sst2_short_subzero", "sst2_short_mezo_constant", (1, 2), "subzero_r8 constant",
+            "sst2_ft_full"),
+        ("4,000", "curvature oracle: exact Hessian diagonal, cosine 3.16·10⁻⁵"): (
+            "sst2_short_oracle", "sst2_short_mezo_constant", (1, 2),
+            "oracle_diag_r0_f1 cosine", "sst2_ft_full"),
+        ("4,000", "HiZOO, α = 0.5/d (the best of three α), 10⁻⁵"): (
+            "sst2_short_hizoo", "sst2_short_mezo_constant", (), "hizoo_a0.5d constant",
+            "sst2_ft_full"),
+        ("4,000", "LOZO, rank 2, 3.16·10⁻⁶"): (
+            "sst2_short_lozo", "sst2_short_mezo_constant", (), "lozo_r2 constant",
+            "sst2_ft_full"),
+        ("4,000", "forward gradient (exact jvp), 10⁻⁵"): (
+            "sst2_short_forward_gradient", "sst2_short_mezo_constant", (),
+            "forward_gradient constant", "sst2_ft_full"),
+    },
+    "| passes | LoRA: method, setting |": {
+        ("20,000", "MeZO, constant 1.78·10⁻⁴ (the other schedule)"): (
+            "sst2_long_lora_constant", "sst2_long_lora_cosine", (1, 2), "mezo constant",
+            "sst2_lora_full"),
+        ("20,000", "FZOO-8, constant 5.62·10⁻⁴"): (
+            "sst2_long_lora_fzoo", "sst2_long_lora_cosine", (1, 2), "fzoo_n8 constant",
+            "sst2_lora_full"),
+        ("4,000", "FZOO-8, constant 1.78·10⁻³"): (
+            "sst2_short_lora_fzoo", "sst2_short_lora_mezo_cosine", (1, 2),
+            "fzoo_n8 constant", "sst2_lora_full"),
+        ("4,000", "FZOO-8 and momentum 0.9, constant 1.78·10⁻⁴"): (
+            "sst2_short_lora_fzoo_mom", "sst2_short_lora_mezo_cosine", (1, 2),
+            "fzoo_n8_mom0.9 constant", "sst2_lora_full"),
+        ("4,000", "MeZO, constant 1.78·10⁻⁴ (the other schedule)"): (
+            "sst2_short_lora_mezo", "sst2_short_lora_mezo_cosine", (1, 2), "mezo constant",
+            "sst2_lora_full"),
+        ("4,000", "curvature oracle: exact Hessian diagonal, cosine 5.62·10⁻⁴"): (
+            "sst2_short_lora_oracle", "sst2_short_lora_mezo_cosine", (1, 2),
+            "oracle_diag_r0_f1 cosine", "sst2_lora_full"),
+        ("4,000", "MeZO, layers 1-3 only, head frozen, cosine 1.78·10⁻³"): (
+            "sst2_short_lora_layers", "sst2_short_lora_mezo_cosine", (1, 2), "mezo cosine",
+            "sst2_loral123nh_full"),
+        ("4,000", "MeZO, head frozen, cosine 10⁻³"): (
+            "sst2_short_lora_layers", "sst2_short_lora_mezo_cosine", (1, 2), "mezo cosine",
+            "sst2_loranh_full"),
+    },
 }
 
 
 def test_choosing_at_a_glance_is_the_report():
-  """Every row of the results page's summary table is what the report computes from the
+  """Every row of the results page's summary tables is what the report computes from the
   committed results: the seeds, each seed's interpolated pass ratio, and the paired
   differences (mean and standard error, or the one seed's difference) of training CE,
   test CE and test accuracy, as the report prints them."""
@@ -642,33 +671,34 @@ def test_choosing_at_a_glance_is_the_report():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with open(os.path.join(root, "docs", "results", "choosing.md"), encoding="utf-8") as fh:
     page = fh.read()
-  start = page.index("| passes | method, setting |")
-  lines = page[start:page.index("\n\n", start)].splitlines()[2:]
-  rows = {}
-  for line in lines:
-    cells = [c.strip().replace("**", "").replace("−", "-") for c in line.strip("|").split("|")]
-    rows[cells[1]] = cells
-  assert set(rows) == set(GLANCE)
-  for name, (table, baseline, extra, label, task) in GLANCE.items():
-    cells = rows[name]
-    base_rows = report.selected_runs(baseline, results, report.baseline_task(task), extra)
-    _, _, b_runs = min(base_rows,
-                       key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
-    (runs,) = [rs for lab, _, rs in report.selected_runs(table, results, task, extra)
-               if lab == label]
-    seeds = sorted(runs)
-    assert cells[2] == str(len(seeds)), name
-    ratios = []
-    for s in seeds:
-      hit = report.fp_to_reach_interpolated(runs[s], b_runs[s]["final"]["train_loss"])
-      ratios.append(report._ratio(hit, b_runs[s]))
-    assert cells[3].split(":")[0] == ", ".join(ratios), (name, ratios)
-    diffs = report.paired_differences(runs, b_runs)
-    for cell, measure, spec in ((cells[4], "train CE", ".4f"), (cells[5], "test CE", ".4f"),
-                                (cells[6], "test acc (points)", ".1f")):
-      got, d = diffs[measure]
-      assert got == seeds, name
-      want = format(float(np.mean(d)), "+" + spec)
-      if len(d) > 1:
-        want += " ± " + format(float(np.std(d, ddof=1)) / math.sqrt(len(d)), spec)
-      assert cell == want, (name, measure, cell, want)
+  for header, glance in GLANCE.items():
+    start = page.index(header)
+    rows = []
+    for line in page[start:page.index("\n\n", start)].splitlines()[2:]:
+      rows.append([c.strip().replace("**", "").replace("−", "-")
+                   for c in line.strip("|").split("|")])
+    keys = [(cells[0], cells[1]) for cells in rows]
+    assert keys == list(glance), header
+    for key, cells in zip(keys, rows, strict=True):
+      table, baseline, extra, label, task = glance[key]
+      base_rows = report.selected_runs(baseline, results, report.baseline_task(task), extra)
+      _, _, b_runs = min(base_rows,
+                         key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
+      (runs,) = [rs for lab, _, rs in report.selected_runs(table, results, task, extra)
+                 if lab == label]
+      seeds = sorted(runs)
+      assert cells[2] == str(len(seeds)), key
+      ratios = []
+      for s in seeds:
+        hit = report.fp_to_reach_interpolated(runs[s], b_runs[s]["final"]["train_loss"])
+        ratios.append(report._ratio(hit, b_runs[s]))
+      assert cells[3].split(":")[0] == ", ".join(ratios), (key, ratios)
+      diffs = report.paired_differences(runs, b_runs)
+      for cell, measure, spec in ((cells[4], "train CE", ".4f"), (cells[5], "test CE", ".4f"),
+                                  (cells[6], "test acc (points)", ".1f")):
+        got, d = diffs[measure]
+        assert got == seeds, key
+        want = format(float(np.mean(d)), "+" + spec)
+        if len(d) > 1:
+          want += " ± " + format(float(np.std(d, ddof=1)) / math.sqrt(len(d)), spec)
+        assert cell == want, (key, measure, cell, want)
