@@ -681,9 +681,7 @@ def test_choosing_at_a_glance_is_the_report():
     assert keys == list(glance), header
     for key, cells in zip(keys, rows, strict=True):
       table, baseline, extra, label, task = glance[key]
-      base_rows = report.selected_runs(baseline, results, report.baseline_task(task), extra)
-      _, _, b_runs = min(base_rows,
-                         key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
+      _, _, b_runs = report.tuned_baseline(baseline, results, task, extra)
       (runs,) = [rs for lab, _, rs in report.selected_runs(table, results, task, extra)
                  if lab == label]
       seeds = sorted(runs)

@@ -240,6 +240,19 @@ def baseline_task(task: str) -> str:
   return getattr(tasks.TASKS.get(task), "paired_with", None) or task
 
 
+def tuned_baseline(baseline: str, results: str, task: str, extra_seeds: tuple = (),
+                   target: float | None = None):
+  """``(label, lr, {seed: result})`` of table ``baseline``'s tuned row for ``task``'s runs
+  to pair with: of its selected rows on :func:`baseline_task`, the lowest mean validation
+  loss (with ``target``: the fastest to it); ``None`` where none is selected yet."""
+  base_rows = selected_runs(baseline, results, baseline_task(task), extra_seeds, target)
+  if not base_rows:
+    return None
+  if target is None:
+    return min(base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
+  return min(base_rows, key=lambda r: _mean_hit(r[2].values(), target))
+
+
 def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
            target: float | None = None) -> str:
   """Every selected row of table ``name`` against the tuned baseline (the lowest mean
@@ -254,15 +267,11 @@ def versus(name: str, baseline: str, results: str, extra_seeds: tuple = (),
   tasks_ = sorted({g.task for g in run.TABLES[name]})
   out = []
   for task in tasks_:
-    base_rows = selected_runs(baseline, results, baseline_task(task), extra_seeds, target)
-    if not base_rows:
+    base = tuned_baseline(baseline, results, task, extra_seeds, target)
+    if base is None:
       out.append(f"{task}: the baseline table {baseline} has no selection yet.")
       continue
-    if target is None:
-      b_label, b_lr, b_runs = min(
-          base_rows, key=lambda r: np.mean([run.val_loss(x) for x in r[2].values()]))
-    else:  # the fastest to the target
-      b_label, b_lr, b_runs = min(base_rows, key=lambda r: _mean_hit(r[2].values(), target))
+    b_label, b_lr, b_runs = base
     what = ("the baseline's final training loss of the same seed over the baseline's "
             "forward passes (\"never\": not within the budget; \"start\": the start "
             "already reaches it, the baseline ended no lower than it began)"
