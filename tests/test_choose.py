@@ -654,6 +654,9 @@ GLANCE = {
         ("4,000", "MeZO, head frozen, cosine 10⁻³"): (
             "sst2_short_lora_layers", "sst2_short_lora_mezo_cosine", (1, 2), "mezo cosine",
             "sst2_loranh_full"),
+        ("4,000", "HiZOO, α = 10⁻¹⁰ (the best of three α), cosine 5.62·10⁻⁴"): (
+            "sst2_short_lora_hizoo", "sst2_short_lora_mezo_cosine", (),
+            "hizoo_a1e-10 cosine", "sst2_lora_full"),
     },
 }
 

@@ -838,6 +838,10 @@ TABLES.update({
     # Measured 2026-12-04 18:45 (seed 0): 1.78e-3 ended at 0.3735 / 0.3955 / 79.0%, above the
     # baseline and inside the predicted ranges; 5.62e-3 at 0.4099 / 0.4392 (hurt early).
     # The grid goes on at 5.62e-4.
+    # Measured 2026-12-04 20:10 (seed 0, every grid closed; "HiZOO itself at this budget"):
+    # alpha 1e-3 selects 1.78e-3 (0.3735 / 0.3955, mean H 22), its control 0.3736 / 0.3952;
+    # 0.5/d selects 5.62e-4 (0.3707 / 0.3908; H rose to 1.24, not "within 1%"), 1e-10
+    # selects 5.62e-4 (0.3705 / 0.3905, H 1.00). None reaches the baseline (ratio never).
     "sst2_short_lora_hizoo": [
         Grid("sst2_lora_full", "hizoo", (-11, -9, -13), ("cosine",), (0,), 4_000, 1_000,
              (("hessian_smoothing", 1e-3), ("mu", 1e-3)), _alpha_tag(1e-3), refine=False,
