@@ -878,6 +878,21 @@ TABLES.update({
         Grid("sst2_ft_full", "zo_muon", (-10, -8, -12), ("constant",), (0,), 4_000, 1_000,
              (("mu", 1e-3), ("rank", 16), ("num_directions", 4)), "_r16", refine=False),
     ],
+    # FZOO's key option, its probes, on SST-2 full fine-tuning at the short budget: 16 probes
+    # beside sst2_short_fzoo_constant's 8 (constant, 4,000 passes, seed 0; on digits 4
+    # probes were the worst of 4, 8 and 16, so 16 is the side left open). Queued after
+    # sst2_short_ranks. Predicted 2026-12-04 20:15, before it started (8 probes: 5.62e-4,
+    # 0.3727 / 0.3923, a decrease of 0.0082 from the start's 0.3809, MeZO's 0.0043):
+    # - FZOO's step is about lr sqrt(d / n), so 16 probes want sqrt(2) times 8's rate; on
+    #   the half-decade grid that is 5.62e-4 again or 1.78e-3, interior.
+    # - The rate model gains 2n / (n + 1) times MeZO's decrease a pass: 1.88 for 16 against
+    #   1.78 for 8, 6% more, inside one run's noise (0.001-0.004 between evaluations): it
+    #   ends at 0.3705-0.3760 in training CE and 0.389-0.396 in validation CE, level with
+    #   8 probes.
+    "sst2_short_fzoo_probes": [Grid("sst2_ft_full", "fzoo", (-13, -11, -15), ("constant",),
+                                    (0,), 4_000, 1_000,
+                                    (("mu", 1e-3), ("num_directions", 16)), "_n16",
+                                    refine=False)],
 })
 
 
