@@ -657,6 +657,37 @@ GLANCE = {
         ("4,000", "HiZOO, α = 10⁻¹⁰ (the best of three α), cosine 5.62·10⁻⁴"): (
             "sst2_short_lora_hizoo", "sst2_short_lora_mezo_cosine", (),
             "hizoo_a1e-10 cosine", "sst2_lora_full"),
+    },    "| passes | digits: method, setting |": {
+        ("40,000", "FZOO-8 and momentum 0.95, cosine to 30%, 5.62·10⁻⁴"):
+            ("digits_compose_fzoo", "digits_mezo", (), "fzoo_n8_mom0.95 cosine_f0.3", "digits"),
+        ("40,000", "FZOO-8 and momentum 0.9, cosine to 30%, 10⁻³"):
+            ("digits_compose", "digits_mezo", (), "fzoo_n8_mom0.9 cosine_f0.3", "digits"),
+        ("40,000", "FZOO-8, cosine to 30%, 10⁻²"):
+            ("digits_methods_sched", "digits_mezo", (), "fzoo_n8 cosine_f0.3", "digits"),
+        ("40,000", "FZOO-16, cosine to 30%, 1.78·10⁻²"):
+            ("digits_methods_sched", "digits_mezo", (), "fzoo_n16 cosine_f0.3", "digits"),
+        ("40,000", "oracle: exact diagonal, refreshed every 2,000 steps, cosine to 30%, 3.16·10⁻³"):
+            ("digits_oracle_refresh_sched", "digits_mezo", (),
+             "oracle_diag_r2000_f1 cosine_f0.3", "digits"),
+        ("40,000", "LOZO, rank 2, cosine to 30%, 10⁻³"):
+            ("digits_methods_sched", "digits_mezo", (), "lozo_r2 cosine_f0.3", "digits"),
+        ("40,000", "MeZO and Adam, cosine to 30%, 1.78·10⁻³"):
+            ("digits_compose", "digits_mezo", (), "mezo_adam cosine_f0.3", "digits"),
+        ("40,000", "forward gradient (exact jvp), cosine to 30%, 1.78·10⁻³"):
+            ("digits_methods_sched", "digits_mezo", (), "forward_gradient cosine_f0.3", "digits"),
+        ("40,000", "ZO-Muon, rank 8, constant 5.62·10⁻²"):
+            ("digits_methods", "digits_mezo", (), "zo_muon_r8 constant", "digits"),
+        ("40,000", "oracle: exact diagonal at the start, cosine to 30%, 1.78·10⁻³"):
+            ("digits_oracle_sched", "digits_mezo", (), "oracle_diag_r0_f1 cosine_f0.3", "digits"),
+        ("40,000", "HiZOO, α = 10⁻⁶ (the best of three α), constant 1.78·10⁻³"):
+            ("digits_hizoo", "digits_mezo", (), "hizoo_a1e-06 constant", "digits"),
+        ("40,000", "its control: MeZO, lr / mean H(t)"):
+            ("digits_hizoo", "digits_mezo", (),
+             "  control: MeZO, lr / mean H(t) of hizoo_a1e-06 constant", "digits"),
+        ("40,000", "SubZero, rank 8, constant 10⁻³"):
+            ("digits_methods", "digits_mezo", (), "subzero_r8 constant", "digits"),
+        ("40,000", "Sparse MeZO, constant 3.16·10⁻²"):
+            ("digits_methods", "digits_mezo", (), "sparse_mezo constant", "digits"),
     },
 }
 
