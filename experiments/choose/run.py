@@ -878,6 +878,13 @@ TABLES.update({
         Grid("sst2_ft_full", "zo_muon", (-10, -8, -12), ("constant",), (0,), 4_000, 1_000,
              (("mu", 1e-3), ("rank", 16), ("num_directions", 4)), "_r16", refine=False),
     ],
+    # ZO-Muon rank 16's point above its grid (3.16e-2), started 21:18 beside the grid's last
+    # point 1e-3: at 1e-2 (0.3730 / 0.3928) it ended below 3.16e-3 (0.3764 / 0.3954), so
+    # the grid widens upward, and the queue would only see that once 1e-3 has ended (the
+    # same run as the grid's widening would make, so the grid finds it done).
+    "sst2_short_ranks_up": [Grid("sst2_ft_full", "zo_muon", (-6,), ("constant",), (0,), 4_000,
+                                 1_000, (("mu", 1e-3), ("rank", 16), ("num_directions", 4)),
+                                 "_r16", widen=False, refine=False)],
     # FZOO's key option, its probes, on SST-2 full fine-tuning at the short budget: 16 probes
     # beside sst2_short_fzoo_constant's 8 (constant, 4,000 passes, seed 0; on digits 4
     # probes were the worst of 4, 8 and 16, so 16 is the side left open). Queued after
