@@ -870,6 +870,12 @@ TABLES.update({
     #   sqrt(rank) per matrix, half rank 64's, so its best rate is about twice rank 64's
     #   (3.16e-3 or 1e-2, interior), ending within 0.002 of rank 64 (0.373-0.377 /
     #   0.391-0.396), at fewer seconds a pass (a smaller QR and Newton-Schulz).
+    # Measured 2026-12-04 21:47 (seed 0): LOZO rank 8 selects 1e-6 (interior) at 0.3800 /
+    # 0.3968, above the predicted train range (3.16e-6 climbs to 0.3863); SubZero rank 32
+    # ran at 1e-5 only (its other points stopped for the session's time; 3.16e-6 and
+    # 3.16e-5 not run): 0.3782 / 0.3944, 0.0023 above rank 8; ZO-Muon rank 16 selects 1e-2
+    # (interior once sst2_short_ranks_up's 3.16e-2 ended at 0.3991) at 0.3730 / 0.3928,
+    # inside its range, ratio 0.51.
     "sst2_short_ranks": [
         Grid("sst2_ft_full", "lozo", (-24, -26, -22), ("constant",), (0,), 4_000, 1_000,
              (("mu", 1e-3), ("rank", 8)), "_r8", refine=False),
@@ -896,6 +902,8 @@ TABLES.update({
     #   1.78 for 8, 6% more, inside one run's noise (0.001-0.004 between evaluations): it
     #   ends at 0.3705-0.3760 in training CE and 0.389-0.396 in validation CE, level with
     #   8 probes.
+    # Not run (2026-12-04): the rank grids took the session's time (about 22 minutes a run
+    # beside one other); the table and its prediction stand for a later session.
     "sst2_short_fzoo_probes": [Grid("sst2_ft_full", "fzoo", (-13, -11, -15), ("constant",),
                                     (0,), 4_000, 1_000,
                                     (("mu", 1e-3), ("num_directions", 16)), "_n16",
