@@ -588,8 +588,8 @@ def test_measured_presets_are_the_benchmarks_selection():
 
 
 # The "At a glance" tables of docs/results/choosing.md, by the first cells of their header:
-# each row's (passes, method) cells -> (table, the baseline table, the seeds besides the grid's, the
-# report's label of the row, task).
+# each row's (passes, method) cells -> (table, the baseline table, the seeds besides the
+# grid's, the report's label of the row, task).
 GLANCE = {
     "| passes | method, setting |": {
         ("20,000", "FZOO-8, layers 1-3 and the head, constant 5.62·10⁻⁴"): (
@@ -660,7 +660,8 @@ GLANCE = {
         ("4,000", "HiZOO, α = 10⁻¹⁰ (the best of three α), cosine 5.62·10⁻⁴"): (
             "sst2_short_lora_hizoo", "sst2_short_lora_mezo_cosine", (),
             "hizoo_a1e-10 cosine", "sst2_lora_full"),
-    },    "| passes | digits: method, setting |": {
+    },
+    "| passes | digits: method, setting |": {
         ("40,000", "FZOO-8 and momentum 0.95, cosine to 30%, 5.62·10⁻⁴"):
             ("digits_compose_fzoo", "digits_mezo", (), "fzoo_n8_mom0.95 cosine_f0.3", "digits"),
         ("40,000", "FZOO-8 and momentum 0.9, cosine to 30%, 10⁻³"):
@@ -669,7 +670,8 @@ GLANCE = {
             ("digits_methods_sched", "digits_mezo", (), "fzoo_n8 cosine_f0.3", "digits"),
         ("40,000", "FZOO-16, cosine to 30%, 1.78·10⁻²"):
             ("digits_methods_sched", "digits_mezo", (), "fzoo_n16 cosine_f0.3", "digits"),
-        ("40,000", "oracle: exact diagonal, refreshed every 2,000 steps, cosine to 30%, 3.16·10⁻³"):
+        ("40,000",
+         "oracle: exact diagonal, refreshed every 2,000 steps, cosine to 30%, 3.16·10⁻³"):
             ("digits_oracle_refresh_sched", "digits_mezo", (),
              "oracle_diag_r2000_f1 cosine_f0.3", "digits"),
         ("40,000", "LOZO, rank 2, cosine to 30%, 10⁻³"):
@@ -700,8 +702,6 @@ def test_choosing_at_a_glance_is_the_report():
   committed results: the seeds, each seed's interpolated pass ratio, and the paired
   differences (mean and standard error, or the one seed's difference) of training CE,
   test CE and test accuracy, as the report prints them."""
-  import math
-
   from experiments.choose import report
 
   results = os.path.join(os.path.dirname(run.__file__), "results")
@@ -729,11 +729,8 @@ def test_choosing_at_a_glance_is_the_report():
         ratios.append(report._ratio(hit, b_runs[s]))
       assert cells[3].split(":")[0] == ", ".join(ratios), (key, ratios)
       diffs = report.paired_differences(runs, b_runs)
-      for cell, measure, spec in ((cells[4], "train CE", ".4f"), (cells[5], "test CE", ".4f"),
-                                  (cells[6], "test acc (points)", ".1f")):
+      for cell, measure in zip(cells[4:7], ("train CE", "test CE", "test acc (points)"),
+                               strict=True):
         got, d = diffs[measure]
         assert got == seeds, key
-        want = format(float(np.mean(d)), "+" + spec)
-        if len(d) > 1:
-          want += " ± " + format(float(np.std(d, ddof=1)) / math.sqrt(len(d)), spec)
-        assert cell == want, (key, measure, cell, want)
+        assert cell == report.mean_se_text(measure, d), (key, measure, cell)

@@ -356,6 +356,20 @@ def paired_differences(runs: dict, base_runs: dict) -> dict:
   return out
 
 
+def _diff_spec(measure: str) -> str:
+  return "+.1f" if "points" in measure else "+.4f"
+
+
+def mean_se_text(measure: str, d) -> str:
+  """``"mean ± standard error"`` of the paired differences ``d`` of ``measure`` (their mean
+  alone for one seed), to the digits the report prints."""
+  spec = _diff_spec(measure)
+  text = format(float(np.mean(d)), spec)
+  if len(d) > 1:
+    text += " ± " + format(float(np.std(d, ddof=1)) / math.sqrt(len(d)), spec[1:])
+  return text
+
+
 def _paired_text(label: str, diffs: dict) -> str:
   """One line: each measure's mean paired difference, its standard error and the per-seed
   differences (measures with fewer than two paired seeds are left out)."""
@@ -363,9 +377,8 @@ def _paired_text(label: str, diffs: dict) -> str:
   for measure, (seeds, d) in diffs.items():
     if len(d) < 2:
       continue
-    spec = "+.1f" if "points" in measure else "+.4f"
-    se = float(np.std(d, ddof=1)) / math.sqrt(len(d))
-    parts.append(f"{measure} {format(float(np.mean(d)), spec)} ± {format(se, spec[1:])} "
+    spec = _diff_spec(measure)
+    parts.append(f"{measure} {mean_se_text(measure, d)} "
                  f"(seeds {', '.join(map(str, seeds))}: "
                  f"{', '.join(format(x, spec) for x in d)})")
   if not parts:
