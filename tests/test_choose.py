@@ -622,6 +622,9 @@ GLANCE = {
         ("4,000", "curvature oracle: exact Hessian diagonal, cosine 3.16·10⁻⁵"): (
             "sst2_short_oracle", "sst2_short_mezo_constant", (1, 2),
             "oracle_diag_r0_f1 cosine", "sst2_ft_full"),
+        ("4,000", "FZOO-16, constant 1.78·10⁻³"): (
+            "sst2_short_fzoo_probes", "sst2_short_mezo_constant", (), "fzoo_n16 constant",
+            "sst2_ft_full"),
         ("4,000", "HiZOO, α = 0.5/d (the best of three α), 10⁻⁵"): (
             "sst2_short_hizoo", "sst2_short_mezo_constant", (), "hizoo_a0.5d constant",
             "sst2_ft_full"),
