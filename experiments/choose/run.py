@@ -891,6 +891,18 @@ TABLES.update({
     "sst2_short_ranks_up": [Grid("sst2_ft_full", "zo_muon", (-6,), ("constant",), (0,), 4_000,
                                  1_000, (("mu", 1e-3), ("rank", 16), ("num_directions", 4)),
                                  "_r16", widen=False, refine=False)],
+    # ZO-Muon rank 16 at its seed-0 rate (1e-2) at the baseline's seeds 1 and 2, paired with
+    # rank 64's seeds (sst2_short_zo_muon_seeds) to see whether a quarter of the state keeps
+    # rank 64's result. Predicted 2026-12-04 23:35, before it started (rank 64 at 3.16e-3:
+    # 0.3697 / 0.3799 at seed 1, 0.3748 / 0.3871 at seed 2; seed 0 ranks 16 and 64 within
+    # 0.002): rank 16 ends within 0.003 of rank 64 in training and validation CE on both
+    # seeds, so over seeds 0-2 the two ranks are level (mean training-CE difference within
+    # 0.002), and rank 16 goes on ending below MeZO's training CE on seeds 1 and 2 (0.3753,
+    # 0.3748) as rank 64 does on seed 1, level on seed 2.
+    "sst2_short_ranks_seeds": [Grid("sst2_ft_full", "zo_muon", (-8,), ("constant",), (1, 2),
+                                    4_000, 1_000,
+                                    (("mu", 1e-3), ("rank", 16), ("num_directions", 4)),
+                                    "_r16", widen=False, refine=False)],
     # FZOO's key option, its probes, on SST-2 full fine-tuning at the short budget: 16 probes
     # beside sst2_short_fzoo_constant's 8 (constant, 4,000 passes, seed 0; on digits 4
     # probes were the worst of 4, 8 and 16, so 16 is the side left open). Queued after
