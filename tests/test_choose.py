@@ -634,6 +634,9 @@ GLANCE = {
         ("4,000", "forward gradient (exact jvp), 10⁻⁵"): (
             "sst2_short_forward_gradient", "sst2_short_mezo_constant", (),
             "forward_gradient constant", "sst2_ft_full"),
+        ("4,000, k = 512", "FZOO-8, constant 1.78·10⁻³"): (
+            "sst2_short_k512_fzoo", "sst2_short_k512_mezo_cosine", (1, 2), "fzoo_n8 constant",
+            "sst2_ft_k512"),
     },
     "| passes | LoRA: method, setting |": {
         ("20,000", "MeZO, constant 1.78·10⁻⁴ (the other schedule)"): (
@@ -663,6 +666,12 @@ GLANCE = {
         ("4,000", "HiZOO, α = 10⁻¹⁰ (the best of three α), cosine 5.62·10⁻⁴"): (
             "sst2_short_lora_hizoo", "sst2_short_lora_mezo_cosine", (),
             "hizoo_a1e-10 cosine", "sst2_lora_full"),
+        ("4,000, k = 512", "FZOO-8, constant 1.78·10⁻³"): (
+            "sst2_short_lora_k512_fzoo", "sst2_short_lora_k512_mezo_cosine", (1, 2),
+            "fzoo_n8 constant", "sst2_lora_k512"),
+        ("4,000, k = 512", "MeZO, constant 1.78·10⁻⁴ (the other schedule)"): (
+            "sst2_short_lora_k512_mezo", "sst2_short_lora_k512_mezo_cosine", (1, 2),
+            "mezo constant", "sst2_lora_k512"),
     },
     "| passes | digits: method, setting |": {
         ("40,000", "FZOO-8 and momentum 0.95, cosine to 30%, 5.62·10⁻⁴"):
