@@ -271,9 +271,13 @@ MEASURED = _frozen({
 selected them (docs/results/choosing.md): per task, every method got the same budget of
 forward passes at a constant learning rate, on a grid of half-decades widened until the
 best was interior, and the setting with the lowest validation loss (3 seeds on digits,
-seed 0 on SST-2) is the one here; where a key option was measured at several values
-(FZOO's probes, LOZO's, SubZero's and ZO-Muon's rank, HiZOO's ``alpha``) the best of them.
-Use it through :func:`measured`. What the numbers say about these settings:
+seed 0 on SST-2) is the one here; where a key option was measured at several values in
+the method's own table (FZOO's probes, LOZO's, SubZero's and ZO-Muon's rank on digits,
+HiZOO's ``alpha``) the best of them. Values tried later at one seed (on SST-2 full
+fine-tuning: FZOO with 16 probes, LOZO rank 8, SubZero rank 32, ZO-Muon rank 16) are on
+the results page and enter here only once their paired seeds beat the setting here, since
+one seed's validation loss at 4,000 passes moves by as much as the differences between
+them. Use it through :func:`measured`. What the numbers say about these settings:
 
 - They are starting points for the same kind of model and budget, not universal rates:
   the best rate moves with the model, the batch and the budget (MeZO's best on SST-2 full
