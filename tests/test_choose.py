@@ -602,7 +602,7 @@ GLANCE = {
             "sst2_short_zo_muon", "sst2_short_mezo_constant", (1, 2, 3, 4),
             "zo_muon_r64 constant", "sst2_ft_full"),
         ("4,000", "ZO-Muon, rank 16, 4 probes, 10⁻²"): (
-            "sst2_short_ranks", "sst2_short_mezo_constant", (), "zo_muon_r16 constant",
+            "sst2_short_ranks", "sst2_short_mezo_constant", (1, 2, 3, 4), "zo_muon_r16 constant",
             "sst2_ft_full"),
         ("4,000", "ZO-Muon, layers 1-3, 10⁻²"): (
             "sst2_short_layers_zo_muon", "sst2_short_mezo_constant", (1, 2),
