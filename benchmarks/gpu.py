@@ -78,8 +78,11 @@ ZO_METHODS = ("mezo", "hizoo", "hizoo_l", "fzoo", "sparse_mezo", "forward_gradie
 # batch_probes): for accelerators; on 2 CPU cores it does not pay (FZOO on MiniLM 10.4
 # forward passes against 9.8 sequential).
 BATCHED = ("fzoo_batched", "zo_muon_batched")
-METHODS = ZO_METHODS + BATCHED + ("adam",)
-OPTS: dict[str, dict] = {}  # options beyond each method's defaults (none: the defaults)
+# Settings other than a method's defaults, by row name -> (method, options): ZO-Muon at
+# the rank hz.presets.measured("zo_muon", "sst2_ft") holds (rank 16, 4 probes).
+VARIANTS: dict[str, tuple[str, dict]] = {"zo_muon_r16": ("zo_muon", {"rank": 16})}
+METHODS = ZO_METHODS + tuple(VARIANTS) + BATCHED + ("adam",)
+OPTS: dict[str, dict] = {v: o for v, (_, o) in VARIANTS.items()}  # options beyond defaults
 MODELS = ("minilm", "llama1b", "tiny")
 # TinyLlama-1.1B's shape.
 LLAMA_1B = llama.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
@@ -154,10 +157,10 @@ def make_step(method, loss_fn):
       return optax.apply_updates(params, updates), state, loss
 
     return tx, jax.jit(adam_step, donate_argnums=(0, 1))
-  if method not in ZO_METHODS + BATCHED:
+  if method not in ZO_METHODS + BATCHED + tuple(VARIANTS):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
   name = method.removesuffix("_batched")
-  tx = getattr(hz, name)(LR, **OPTS.get(name, {}))
+  tx = getattr(hz, VARIANTS[name][0] if name in VARIANTS else name)(LR, **OPTS.get(name, {}))
   return tx, hz.make_train_step(tx, loss_fn, batch_probes=method in BATCHED)
 
 

@@ -918,6 +918,25 @@ TABLES.update({
                                       4_000, 1_000,
                                       (("mu", 1e-3), ("rank", 16), ("num_directions", 4)),
                                       "_r16", widen=False, refine=False)],
+    # ZO-Muon at the preset's rank 16 (4 probes, 20,000 passes = 4,000 steps of 5) against
+    # the 20,000-pass tuned baseline (cosine MeZO 1e-5, sst2_long_ft_cosine): the one method
+    # with a paired five-seed gain at 4,000 passes (+0.8 +- 0.5 test points, training CE
+    # -0.0043 +- 0.0019) not yet run at the longer budget. The grid starts at 4,000 passes'
+    # selection (1e-2) and the half-decade below, two queues side by side, widened until
+    # interior, then seeds 1 and 2 at the selected rate. Predicted 2026-12-05 01:35, before
+    # either started (seed 0: the baseline ends at 0.3706 / 0.3880 / 79.2%; FZOO-8 on every
+    # parameter at 1.78e-4 at 0.3624 / 0.3797 / 80.0%, ratio 0.45):
+    # - the best constant rate moves down one half-decade from 4,000 passes, as MeZO's
+    #   (1e-5 -> 3.16e-6) and FZOO's (5.62e-4 -> 1.78e-4) did: 3.16e-3, with 1e-2 stopping
+    #   at a higher noise floor after ~8,000 passes; the grid then needs 1e-3 to close;
+    # - at it seed 0 ends at 0.360-0.366 / 0.377-0.383 (about where FZOO ends: at 4,000
+    #   passes the two gained the same per pass at seed 0, ratios 0.51 and 0.52), reaching
+    #   the baseline's final training CE in 0.35-0.55 of its passes, and 79.5-81.0% in test
+    #   accuracy: not the +1 point over the baseline on the mean of three seeds.
+    "sst2_long_ft_zo_muon": [Grid("sst2_ft_full", "zo_muon", (-8, -10), ("constant",), (0,),
+                                  20_000, 2_000,
+                                  (("mu", 1e-3), ("rank", 16), ("num_directions", 4)), "_r16",
+                                  refine=False, confirm_seeds=(1, 2))],
     # FZOO's key option, its probes, on SST-2 full fine-tuning at the short budget: 16 probes
     # beside sst2_short_fzoo_constant's 8 (constant, 4,000 passes, seed 0; on digits 4
     # probes were the worst of 4, 8 and 16, so 16 is the side left open). Queued after
