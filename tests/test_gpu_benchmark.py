@@ -43,12 +43,16 @@ def test_gpu_benchmark_tiny_table(tmp_path):
   # the rows it measures again.
   proc = subprocess.run(
       [sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py"), "--models", "tiny",
-       "--methods", "lozo", "mezo", "--repeats", "2", "--out", str(out), "--append"],
+       "--methods", "lozo", "zo_muon_r16", "mezo", "--repeats", "2", "--out", str(out),
+       "--append"],
       capture_output=True, text=True, timeout=600, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   merged = json.loads(out.read_text())
   methods = [r["method"] for r in merged["rows"]]
-  assert sorted(methods) == sorted(set(METHODS) | {"lozo"})  # mezo once, not twice
+  assert sorted(methods) == sorted(set(METHODS) | {"lozo", "zo_muon_r16"})  # mezo once
+  # a variant row is its method at the options it names (ZO-Muon at the presets' rank 16)
+  variant = next(r for r in merged["rows"] if r["method"] == "zo_muon_r16")
+  assert variant["opts"] == {"rank": 16} and "error" not in variant, variant
   assert "The whole table" in proc.stdout
 
 
