@@ -923,7 +923,7 @@ TABLES.update({
     # with a paired five-seed gain at 4,000 passes (+0.8 +- 0.5 test points, training CE
     # -0.0043 +- 0.0019) not yet run at the longer budget. The grid starts at 4,000 passes'
     # selection (1e-2) and the half-decade below, two queues side by side, widened until
-    # interior, then seeds 1 and 2 at the selected rate. Predicted 2026-12-05 01:35, before
+    # interior, then seeds 1 and 2 at the selected rate. Predicted 2026-12-05 01:24, before
     # either started (seed 0: the baseline ends at 0.3706 / 0.3880 / 79.2%; FZOO-8 on every
     # parameter at 1.78e-4 at 0.3624 / 0.3797 / 80.0%, ratio 0.45):
     # - the best constant rate moves down one half-decade from 4,000 passes, as MeZO's
