@@ -875,7 +875,9 @@ TABLES.update({
     # ran at 1e-5 only (its other points stopped for the session's time; 3.16e-6 and
     # 3.16e-5 not run): 0.3782 / 0.3944, 0.0023 above rank 8; ZO-Muon rank 16 selects 1e-2
     # (interior once sst2_short_ranks_up's 3.16e-2 ended at 0.3991) at 0.3730 / 0.3928,
-    # inside its range, ratio 0.51.
+    # inside its range, ratio 0.51. Its seconds a pass missed (measured 2026-12-05,
+    # benchmarks/RESULTS.md): at rank 16 the product is formed inside the fused passes, so
+    # its MiniLM step is 10.8 forward passes against rank 64's 9.9 (loaded cores).
     "sst2_short_ranks": [
         Grid("sst2_ft_full", "lozo", (-24, -26, -22), ("constant",), (0,), 4_000, 1_000,
              (("mu", 1e-3), ("rank", 8)), "_r8", refine=False),
