@@ -873,7 +873,9 @@ TABLES.update({
     # Measured 2026-12-04 21:47 (seed 0): LOZO rank 8 selects 1e-6 (interior) at 0.3800 /
     # 0.3968, above the predicted train range (3.16e-6 climbs to 0.3863); SubZero rank 32
     # ran at 1e-5 only (its other points stopped for the session's time; 3.16e-6 and
-    # 3.16e-5 not run): 0.3782 / 0.3944, 0.0023 above rank 8; ZO-Muon rank 16 selects 1e-2
+    # 3.16e-5 not run): 0.3782 / 0.3944, 0.0023 above rank 8 (3.16e-6 ended at 0.3791 /
+    # 0.3967 on 2026-12-04 and 3.16e-5 at 0.3997 / 0.4090 on 2026-12-05, so 1e-5 is
+    # interior, as predicted); ZO-Muon rank 16 selects 1e-2
     # (interior once sst2_short_ranks_up's 3.16e-2 ended at 0.3991) at 0.3730 / 0.3928,
     # inside its range, ratio 0.51. Its seconds a pass missed (measured 2026-12-05,
     # benchmarks/RESULTS.md): at rank 16 the product is formed inside the fused passes, so
