@@ -277,23 +277,24 @@ the method's own table (FZOO's probes, LOZO's, SubZero's and ZO-Muon's rank on d
 HiZOO's ``alpha``) the best of them. Values tried later (on SST-2 full fine-tuning: FZOO
 with 16 probes, LOZO rank 8, SubZero rank 32, ZO-Muon rank 16) are on the results page and
 enter here only once their paired seeds beat the setting here, since one seed's validation
-loss at 4,000 passes moves by as much as the differences between them: ZO-Muon rank 16 did
-(five seeds, lower mean validation loss than rank 64 at a quarter of its state), the others
-ran at one seed and ended higher. Use it through :func:`measured`. What the numbers say
-about these settings:
+loss at 4,000 passes moves by as much as the differences between them. ZO-Muon rank 16 did
+(five seeds, lower mean validation loss than rank 64 at a quarter of its state); the
+others ran at one seed only and ended higher in training loss (FZOO-16 and LOZO rank 8
+lower in validation loss at that seed). Use it through :func:`measured`. What the numbers
+say about these settings:
 
 - They are starting points for the same kind of model and budget, not universal rates:
   the best rate moves with the model, the batch and the budget (MeZO's best on SST-2 full
   fine-tuning is ``1e-5`` at 4,000 passes and ``3.16e-6`` at 20,000).
 - On SST-2 full fine-tuning only ZO-Muon ends below the tuned constant MeZO over paired
-  seeds, and by little: at rank 16, training CE -0.0043 +- 0.0019, test CE
-  -0.0085 +- 0.0028 and test accuracy +0.8 +- 0.5 points over five seeds (mean +-
-  standard error). Sparse MeZO and SubZero end
-  below it at seed 0 only; FZOO ends level, LOZO above, and forward gradients repeat
-  MeZO's run. HiZOO's best ``alpha`` there is ``0.5/d``, which leaves its ``H`` at 1: it is
-  MeZO with a third of its passes spent on the unperturbed loss, and ends a little above
-  it; with ``alpha = 1e-3`` its ``H`` rises to ~900 and freezes every usable rate. FZOO's
-  learning rate and ZO-Muon's are in other units than MeZO's (their steps are normalised).
+  seeds, and by little: at rank 16, training CE -0.0043 +- 0.0019, test CE -0.0085 +-
+  0.0028 and test accuracy +0.8 +- 0.5 points over five seeds (mean +- standard error).
+  Sparse MeZO and SubZero end below it at seed 0 only; FZOO ends level, LOZO above, and
+  forward gradients repeat MeZO's run. HiZOO's best ``alpha`` there is ``0.5/d``, which
+  leaves its ``H`` at 1: it is MeZO with a third of its passes spent on the unperturbed
+  loss, and ends a little above it; with ``alpha = 1e-3`` its ``H`` rises to ~900 and
+  freezes every usable rate. FZOO's learning rate and ZO-Muon's are in other units than
+  MeZO's (their steps are normalised).
 - Sparse MeZO is absent from digits: it did not train that MLP at any rate from ``1e-4``
   to ``0.1``. Rates for the paper's decay schedules are in :func:`mezo` and :func:`fzoo`.
 """
