@@ -941,6 +941,14 @@ TABLES.update({
                                   20_000, 2_000,
                                   (("mu", 1e-3), ("rank", 16), ("num_directions", 4)), "_r16",
                                   refine=False, confirm_seeds=(1, 2))],
+    # The grid's point below (1e-3), started when 1e-2 ends (02:23: 1e-2 had stopped falling
+    # after 8,000 passes, 0.3701 -> 0.3712 -> 0.3741 at 8,000-12,000, while 3.16e-3 was at
+    # 0.3717 at 8,000), before 3.16e-3 has ended: the grid would widen to it only then, and
+    # this is the same run (same id), so the grid finds it done.
+    "sst2_long_ft_zo_muon_lo": [Grid("sst2_ft_full", "zo_muon", (-12,), ("constant",), (0,),
+                                     20_000, 2_000,
+                                     (("mu", 1e-3), ("rank", 16), ("num_directions", 4)),
+                                     "_r16", widen=False, refine=False)],
     # FZOO's key option, its probes, on SST-2 full fine-tuning at the short budget: 16 probes
     # beside sst2_short_fzoo_constant's 8 (constant, 4,000 passes, seed 0; on digits 4
     # probes were the worst of 4, 8 and 16, so 16 is the side left open). Queued after
