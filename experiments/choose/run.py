@@ -941,7 +941,7 @@ TABLES.update({
                                   20_000, 2_000,
                                   (("mu", 1e-3), ("rank", 16), ("num_directions", 4)), "_r16",
                                   refine=False, confirm_seeds=(1, 2))],
-    # The grid's point below (1e-3), started when 1e-2 ends (02:23: 1e-2 had stopped falling
+    # The grid's point below (1e-3), started 02:23 beside both (1e-2 had stopped falling
     # after 8,000 passes, 0.3701 -> 0.3712 -> 0.3741 at 8,000-12,000, while 3.16e-3 was at
     # 0.3717 at 8,000), before 3.16e-3 has ended: the grid would widen to it only then, and
     # this is the same run (same id), so the grid finds it done.
