@@ -940,7 +940,8 @@ TABLES.update({
     # Measured 2026-12-05 03:22 (seed 0): 3.16e-3 ends at 0.3627 / 0.3813 / 79.8% and
     # reaches the baseline's final training CE in 0.51 of its passes (every range hit);
     # 1e-2 reaches it at 0.38, then stops falling after 8,000 passes and ends at 0.3714 /
-    # 0.3909 / 80.8% (hit). 1e-3 (sst2_long_ft_zo_muon_lo) still running.
+    # 0.3909 / 80.8% (hit). 1e-3 (sst2_long_ft_zo_muon_lo, 03:51) ends at 0.3719 / 0.3904 /
+    # 79.6%, so 3.16e-3 is selected in the interior (predicted).
     "sst2_long_ft_zo_muon": [Grid("sst2_ft_full", "zo_muon", (-8, -10), ("constant",), (0,),
                                   20_000, 2_000,
                                   (("mu", 1e-3), ("rank", 16), ("num_directions", 4)), "_r16",
