@@ -603,6 +603,9 @@ GLANCE = {
         ("20,000", "FZOO-8, every parameter, constant 1.78·10⁻⁴"): (
             "sst2_long_ft_fzoo", "sst2_long_ft_cosine", (1, 2), "fzoo_n8 constant",
             "sst2_ft_full"),
+        ("20,000", "ZO-Muon, rank 16, 4 probes, constant 3.16·10⁻³"): (
+            "sst2_long_ft_zo_muon", "sst2_long_ft_cosine", (), "zo_muon_r16 constant",
+            "sst2_ft_full"),
         ("4,000", "ZO-Muon, rank 64, 4 probes, 3.16·10⁻³"): (
             "sst2_short_zo_muon", "sst2_short_mezo_constant", (1, 2, 3, 4),
             "zo_muon_r64 constant", "sst2_ft_full"),
