@@ -82,7 +82,12 @@ BATCHED = ("fzoo_batched", "zo_muon_batched")
 # the rank hz.presets.measured("zo_muon", "sst2_ft") holds (rank 16, 4 probes).
 VARIANTS: dict[str, tuple[str, dict]] = {"zo_muon_r16": ("zo_muon", {"rank": 16})}
 METHODS = ZO_METHODS + tuple(VARIANTS) + BATCHED + ("adam",)
-OPTS: dict[str, dict] = {v: o for v, (_, o) in VARIANTS.items()}  # options beyond defaults
+
+
+def resolve(method: str) -> tuple[str, dict]:
+  """The ``hz`` function of a row and its options beyond that function's defaults."""
+  name = method.removesuffix("_batched")
+  return VARIANTS.get(name, (name, {}))
 MODELS = ("minilm", "llama1b", "tiny")
 # TinyLlama-1.1B's shape.
 LLAMA_1B = llama.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
@@ -157,10 +162,10 @@ def make_step(method, loss_fn):
       return optax.apply_updates(params, updates), state, loss
 
     return tx, jax.jit(adam_step, donate_argnums=(0, 1))
-  if method not in ZO_METHODS + BATCHED + tuple(VARIANTS):
+  if method not in METHODS:
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-  name = method.removesuffix("_batched")
-  tx = getattr(hz, VARIANTS[name][0] if name in VARIANTS else name)(LR, **OPTS.get(name, {}))
+  fn, opts = resolve(method)
+  tx = getattr(hz, fn)(LR, **opts)
   return tx, hz.make_train_step(tx, loss_fn, batch_probes=method in BATCHED)
 
 
@@ -270,7 +275,7 @@ def run_model(name, methods, args, live, on_row=None):
 
   rows = []
   for method in methods:
-    row = dict(model=name, method=method, opts=OPTS.get(method, {}), lr=LR)
+    row = dict(model=name, method=method, opts=resolve(method)[1], lr=LR)
     try:
       row.update(measure(model, method, forward, args.repeats))
       row.update(compiled_forward_bytes=fwd_bytes,
