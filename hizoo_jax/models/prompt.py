@@ -138,7 +138,7 @@ def render_chat(chat_template: str, user: str, *, system: str | None = None,
   try:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
   except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("render_chat needs jinja2: pip install jinja2") from e
+    raise ImportError('render_chat needs jinja2: pip install "hizoo-jax[gguf]"') from e
 
   def raise_exception(message):
     raise ValueError(f"chat template: {message}")
