@@ -70,11 +70,11 @@ TEMPLATES = {
 }
 # The template: the best zero-shot accuracy of TEMPLATES on 200 train.tsv sentences
 # (--search-templates: chat 0.650, it_was_good 0.575, it_was 0.510, chat_space 0.500).
-# Run length: a budget, not a measured optimum. One prompted forward pass of 16 k-shot rows
-# costs about 0.55 of the unshared one (benchmarks/llm_prefix.py), about 1.5 s on 2 CPU
-# cores, so a MeZO step is about 3 s and 750 steps with the two dev evaluations fit in
-# about 30 minutes. The rates are the project's MeZO LoRA rate on SST-2 (MiniLM, up to
-# 1,000 steps) and common first-order ones; none was tuned on SmolLM2.
+# Run length: 750 steps is an estimate of 30 minutes on 2 idle CPU cores (a MeZO step is two
+# passes of 16 rows; with the shared prefix a pass costs 0.55 of the unshared one,
+# benchmarks/llm_prefix.py), not a measured optimum: the gain over zero-shot at this length
+# is unmeasured. The rates are the project's MeZO LoRA rate on SST-2 (MiniLM, up to 1,000
+# steps) and common first-order ones; none was tuned on SmolLM2.
 DEFAULTS = {"template": "chat", "mode": "lora", "optimizer": "mezo", "k_shot": 16,
             "batch_size": 16, "steps": 750}
 DEFAULT_LR = {("ft", "zo"): 1e-5, ("lora", "zo"): 5e-4, ("ft", "adam"): 1e-5,
