@@ -519,6 +519,7 @@ RESULT_LINE = (r"^seed (\d+): zero-shot accuracy ([01]\.\d+), final accuracy ([0
                r"after (\d+) forward passes$")
 
 
+@pytest.mark.slow
 def test_finetune_llm_smoke_prints_its_result_line_and_resumes_bit_for_bit(tmp_path):
   """The prompted-LLM example on a tiny random Llama (HF checkpoint, trained BPE tokenizer,
   ChatML template, shared prefix): one result line per seed, outputs, checkpoints at steps
@@ -543,6 +544,7 @@ def test_finetune_llm_smoke_prints_its_result_line_and_resumes_bit_for_bit(tmp_p
   assert again["losses"] == run["losses"] and again["final"] == run["final"]
 
 
+@pytest.mark.slow
 def test_finetune_llm_smoke_first_order_adam_full_fine_tuning(tmp_path):
   """The first-order reference (Adam through jax.grad, every weight) on the same task."""
   out = run_example("finetune_llm.py", "--optimizer", "adam", "--mode", "ft", "--out",
@@ -553,6 +555,7 @@ def test_finetune_llm_smoke_first_order_adam_full_fine_tuning(tmp_path):
   assert all(np.isfinite(run["losses"]))
 
 
+@pytest.mark.slow
 def test_finetune_llm_template_search_reads_train_only(tmp_path):
   """--search-templates scores every template on a split of train.tsv, never on dev.tsv
   (here one sentence with an impossible label)."""
