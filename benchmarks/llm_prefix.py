@@ -22,7 +22,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 from common import machine, quartiles, time_paired, write_json  # noqa: E402
 from flax import nnx  # noqa: E402
 
