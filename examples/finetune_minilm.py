@@ -304,16 +304,17 @@ def batch_width(mask: np.ndarray) -> int:
 
 def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, steps,
           batch_size, seed, eval_every, ckpt_dir=None, save_every=0, resume=False,
-          show_progress=True, desc="") -> dict[str, Any]:
+          show_progress=True, desc="", evaluate=None) -> dict[str, Any]:
   """Runs ``steps`` steps; returns the loss history, evals and timing.
 
   ``train_set``/``eval_set`` are ``(ids, mask, labels)`` NumPy arrays. With ``ckpt_dir``,
   saves params, optimizer state and the loss history every ``save_every`` steps; with
   ``resume`` continues from the newest checkpoint there (bit for bit: batches are a pure
-  function of ``(seed, step)``, the ZO noise of the state's key).
+  function of ``(seed, step)``, the ZO noise of the state's key). ``evaluate`` replaces
+  :func:`make_eval`'s (same signature).
   """
   step_fn = make_step(name, tx, loss_fn)
-  evaluate = make_eval(graphdef)
+  evaluate = evaluate or make_eval(graphdef)
   opt_state = tx.init(params)
   history = np.full((steps,), np.nan, np.float32)
   # Forward passes executed up to and including each step, from the state's counter (-1 for

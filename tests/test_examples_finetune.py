@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -512,3 +513,62 @@ def test_finetune_minilm_data_default_is_fzoo_on_layers_1_to_3(tmp_path):
   (run,) = res["runs"]["fzoo"]
   assert run["forward_passes"] == [9 * k for k in range(1, 7)]
   assert run["lr"] == 5.62e-4 and "val_accuracy" in run["probe"]
+
+
+RESULT_LINE = (r"^seed (\d+): zero-shot accuracy ([01]\.\d+), final accuracy ([01]\.\d+) "
+               r"after (\d+) forward passes$")
+
+
+@pytest.mark.slow
+def test_finetune_llm_smoke_prints_its_result_line_and_resumes_bit_for_bit(tmp_path):
+  """The prompted-LLM example on a tiny random Llama (HF checkpoint, trained BPE tokenizer,
+  ChatML template, shared prefix): one result line per seed, outputs, checkpoints at steps
+  3 and 6; drop 6 and --resume from 3 in a fresh process: the same losses and accuracy."""
+  a, b = tmp_path / "a", tmp_path / "b"
+  out = run_example("finetune_llm.py", "--seeds", "0", "--out", str(a))
+  lines = [m.groups() for m in map(re.compile(RESULT_LINE).match, out.splitlines()) if m]
+  assert len(lines) == 1 and lines[0][0] == "0" and lines[0][3] == "12"  # 6 MeZO steps
+  res = results(a)
+  (run,) = res["runs"]["mezo"]
+  assert run["total_forward_passes"] == 12 and run["peak_rss_mib"] > 0
+  assert float(lines[0][1]) == pytest.approx(run["zero_shot"]["accuracy"], abs=1e-4)
+  assert float(lines[0][2]) == pytest.approx(run["final"]["accuracy"], abs=1e-4)
+  assert os.path.getsize(a / "loss_curve.png") > 0
+  ckpt = a / "ckpt" / "seed0"
+  assert sorted(os.listdir(ckpt)) == ["3", "6"]
+  shutil.copytree(a / "ckpt", b / "ckpt")
+  shutil.rmtree(b / "ckpt" / "seed0" / "6")
+  out_b = run_example("finetune_llm.py", "--seeds", "0", "--out", str(b), "--resume")
+  assert "resumed from" in out_b and "at step 3" in out_b
+  (again,) = results(b)["runs"]["mezo"]
+  assert again["losses"] == run["losses"] and again["final"] == run["final"]
+
+
+@pytest.mark.slow
+def test_finetune_llm_smoke_first_order_adam_full_fine_tuning(tmp_path):
+  """The first-order reference (Adam through jax.grad, every weight) on the same task."""
+  out = run_example("finetune_llm.py", "--optimizer", "adam", "--mode", "ft", "--out",
+                    str(tmp_path))
+  assert re.search(RESULT_LINE, out, re.M)
+  (run,) = results(tmp_path)["runs"]["adam"]
+  assert run["trainable_params"] > 100_000 and run["forward_passes"] is None
+  assert all(np.isfinite(run["losses"]))
+
+
+@pytest.mark.slow
+def test_finetune_llm_template_search_reads_train_only(tmp_path):
+  """--search-templates scores every template on a split of train.tsv, never on dev.tsv
+  (here one sentence with an impossible label)."""
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  shutil.copy(os.path.join(ROOT, "examples", "data", "sentiment", "train.tsv"), data_dir)
+  (data_dir / "dev.tsv").write_text("sentence\tlabel\nnot read\t9\n")
+  out = run_example("finetune_llm.py", "--search-templates", "--data", str(data_dir),
+                    "--out", str(tmp_path / "out"))
+  with open(tmp_path / "out" / "templates.json") as fh:
+    accs = json.load(fh)["validation_accuracy"]
+  load_example("finetune_llm")  # importable without running
+  assert sorted(accs) == ["chat", "chat_space", "it_was", "it_was_good"]
+  assert all(0 <= v <= 1 for v in accs.values())
+  counts = re.findall(r"zero-shot validation accuracy [01]\.\d+ \((\d+) train.tsv", out)
+  assert len(counts) == 4 and all(int(c) > 1 for c in counts)

@@ -96,20 +96,34 @@ class LabelWordClassifier(nnx.Module):
     position: ``"mask"`` (score at the first ``mask_token_id`` of each row: masked LMs) or
       ``"last"`` (at the last real token: decoder LMs predicting the next word).
     mask_token_id: the ``[MASK]`` id, required for ``position="mask"``.
+    prefix_ids: token ids that come before every row's ``input_ids`` (a prompt's shared
+      head, e.g. a chat template's system and instruction text); decoder LMs only
+      (``position="last"``). The rows are then the per-example rest, right-padded.
+    share_prefix: compute the prefix's keys and values once per call, for one row, and run
+      the rows against them (the backbone's ``layer_key_values`` and ``past_key_values``);
+      False runs every row as ``prefix + row`` in full (the same logits, more work).
   """
 
   def __init__(self, backbone: nnx.Module, label_token_ids: Sequence[int], *,
-               position: str = "mask", mask_token_id: int | None = None):
+               position: str = "mask", mask_token_id: int | None = None,
+               prefix_ids: Sequence[int] = (), share_prefix: bool = True):
     if position not in ("mask", "last"):
       raise ValueError(f"position must be 'mask' or 'last', got {position!r}")
     if position == "mask" and mask_token_id is None:
       raise ValueError("position='mask' needs mask_token_id")
     if not hasattr(backbone, "word_logits"):
       raise TypeError(f"{type(backbone).__name__} has no word_logits(hidden, token_ids)")
+    if len(prefix_ids) and position != "last":
+      raise ValueError("prefix_ids needs position='last' (a decoder LM reading the next word)")
+    if len(prefix_ids) and share_prefix and not hasattr(backbone, "layer_key_values"):
+      raise TypeError(f"{type(backbone).__name__} has no layer_key_values: pass "
+                      "share_prefix=False")
     self.backbone = backbone
     self.label_token_ids = tuple(int(i) for i in label_token_ids)
     self.position = position
     self.mask_token_id = mask_token_id
+    self.prefix_ids = tuple(int(i) for i in prefix_ids)
+    self.share_prefix = bool(share_prefix)
 
   def positions(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
     """The scored position of each row."""
@@ -118,7 +132,20 @@ class LabelWordClassifier(nnx.Module):
     return last_positions(attention_mask)
 
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
-    hidden = self.backbone(input_ids, attention_mask)
+    """Label-word logits ``[batch, classes]``: the LM head at the scored position only,
+    for the label words only."""
+    if not self.prefix_ids:
+      hidden = self.backbone(input_ids, attention_mask)
+    elif self.share_prefix:
+      # inside the loss, so a perturbed or updated model recomputes its own prefix
+      past = self.backbone.layer_key_values(jnp.asarray(self.prefix_ids, jnp.int32)[None])
+      hidden = self.backbone(input_ids, attention_mask, past_key_values=past)
+    else:
+      prefix = jnp.broadcast_to(jnp.asarray(self.prefix_ids, input_ids.dtype),
+                                (input_ids.shape[0], len(self.prefix_ids)))
+      ids = jnp.concatenate([prefix, input_ids], axis=1)
+      mask = jnp.concatenate([jnp.ones_like(prefix, attention_mask.dtype), attention_mask], 1)
+      hidden = self.backbone(ids, mask)[:, len(self.prefix_ids):]
     at = gather_positions(hidden, self.positions(input_ids, attention_mask))
     return self.backbone.word_logits(at, jnp.asarray(self.label_token_ids))
 

@@ -169,9 +169,13 @@ class LlamaAttention(nnx.Module):
     shape = (*x.shape[:-1], self.num_kv_heads, self.head_dim)
     return apply_rope(self.k_proj(x).reshape(shape), cos, sin), self.v_proj(x).reshape(shape)
 
-  def __call__(self, x, cos, sin, bias):
+  def __call__(self, x, cos, sin, bias, past=None):
     q = self.q_proj(x).reshape(*x.shape[:-1], self.num_heads, self.head_dim)
     k, v = self.project_kv(x, cos, sin)
+    if past is not None:  # keys/values of earlier tokens, seen by every query of every row
+      pk, pv = (jnp.broadcast_to(t, (x.shape[0], *t.shape[1:])).astype(k.dtype) for t in past)
+      k, v = jnp.concatenate([pk, k], axis=1), jnp.concatenate([pv, v], axis=1)
+      bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(pk.shape[1], 0)])
     ctx = attend(apply_rope(q, cos, sin), k, v, bias, self.prefix)
     return self.o_proj(ctx.reshape(*x.shape[:-1], self.num_heads * self.head_dim))
 
@@ -200,8 +204,8 @@ class LlamaBlock(nnx.Module):
                                        param_dtype=param_dtype)
     self.mlp = LlamaMLP(cfg, **kw)
 
-  def __call__(self, x, cos, sin, bias):
-    x = x + self.self_attn(self.input_norm(x), cos, sin, bias)
+  def __call__(self, x, cos, sin, bias, past=None):
+    x = x + self.self_attn(self.input_norm(x), cos, sin, bias, past)
     return x + self.mlp(self.post_attention_norm(x))
 
 
@@ -231,39 +235,48 @@ class LlamaForCausalLM(nnx.Module):
     """The self-attention modules, first layer first (where prefixes attach)."""
     return [layer.self_attn for layer in self.layers]
 
-  def _rope(self, length: int, dtype):
+  def _rope(self, length: int, dtype, offset: int = 0):
     inv = rope_frequencies(self.config)
-    angles = np.arange(length, dtype=np.float64)[:, None] * inv[None]
+    angles = np.arange(offset, offset + length, dtype=np.float64)[:, None] * inv[None]
     angles = np.concatenate([angles, angles], axis=-1)
     return jnp.asarray(np.cos(angles), dtype), jnp.asarray(np.sin(angles), dtype)
 
-  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+  def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+               past_key_values: list[tuple[jax.Array, jax.Array]] | None = None) -> jax.Array:
     """Hidden states after the final RMSNorm, ``[batch, tokens, hidden]``.
 
     Args:
       input_ids: int ``[batch, tokens]``, right-padded.
       attention_mask: ``[batch, tokens]``, 1 for real tokens (default all 1).
+      past_key_values: None, or each layer's keys and values of ``P`` earlier tokens (as
+        :meth:`layer_key_values` returns them, batch 1 or ``batch``): ``input_ids`` then
+        continue them at positions ``P .. P + tokens - 1`` and attend to all ``P``. A
+        prompt prefix that every row shares is computed once this way.
     """
-    return self._forward(input_ids, attention_mask)[0]
+    return self._forward(input_ids, attention_mask, past=past_key_values)[0]
 
   def layer_key_values(self, input_ids: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
-    """Each layer's (rotated) keys and values for ``input_ids``: prefix-tuning init."""
+    """Each layer's (rotated) keys and values ``[batch, tokens, kv_heads, head_dim]`` for
+    ``input_ids`` (no padding): prefix-tuning init, or a shared prompt prefix to pass as
+    ``past_key_values``."""
     return self._forward(input_ids, None, collect_kv=True)[1]
 
-  def _forward(self, input_ids, attention_mask, collect_kv=False):
+  def _forward(self, input_ids, attention_mask, collect_kv=False, past=None):
     length = input_ids.shape[-1]
     if attention_mask is None:
       attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+    if past is not None and len(past) != len(self.layers):
+      raise ValueError(f"past_key_values has {len(past)} layers, the model {len(self.layers)}")
     x = self.embed_tokens(input_ids)
-    cos, sin = self._rope(length, jnp.float32)
+    cos, sin = self._rope(length, jnp.float32, offset=0 if past is None else past[0][0].shape[1])
     causal = jnp.tril(jnp.ones((length, length), bool))
     allowed = causal[None, None] & attention_mask[:, None, None, :].astype(bool)
     bias = mask_bias(allowed, jnp.float32)
     kvs = []
-    for layer in self.layers:
+    for i, layer in enumerate(self.layers):
       if collect_kv:
         kvs.append(layer.self_attn.project_kv(layer.input_norm(x), cos, sin))
-      x = layer(x, cos, sin, bias)
+      x = layer(x, cos, sin, bias, None if past is None else past[i])
     return self.norm(x), kvs
 
   def logits(self, hidden: jax.Array) -> jax.Array:
