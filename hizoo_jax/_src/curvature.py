@@ -137,16 +137,22 @@ def rsqrt(x: jax.Array) -> jax.Array:
   ``x ** -0.5`` (``jax.lax.rsqrt``: 1.6 ulp in float32, 1.2 in float64). Other float dtypes
   are computed in float32. NaN stays NaN.
   """
+  # jax.lax ops rather than jnp's: the same arithmetic, but each jnp op is a nested jit
+  # that costs its own trace, per leaf and per call.
+  lax = jax.lax
   dtype = jnp.result_type(x)
   work = dtype if dtype in _RSQRT_MAGIC else jnp.dtype(jnp.float32)
-  xw = x.astype(work)
+  xw = lax.convert_element_type(x, work)
   itype, magic, steps = _RSQRT_MAGIC[work]
-  bits = jax.lax.bitcast_convert_type(xw, itype)
-  y = jax.lax.bitcast_convert_type(jnp.asarray(magic, itype) - (bits >> 1), work)
-  half = xw * 0.5
+  bits = lax.bitcast_convert_type(xw, itype)
+  guess = lax.sub(lax.full_like(bits, magic), lax.shift_right_arithmetic(
+      bits, lax.full_like(bits, 1)))
+  y = lax.bitcast_convert_type(guess, work)
+  half = lax.mul(xw, lax.full_like(xw, 0.5))
+  three_halves = lax.full_like(xw, 1.5)
   for _ in range(steps):
-    y = y * (1.5 - half * y * y)
-  return y.astype(dtype)
+    y = lax.mul(y, lax.sub(three_halves, lax.mul(lax.mul(half, y), y)))
+  return lax.convert_element_type(y, dtype)
 
 
 def estimate(
