@@ -276,17 +276,33 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
     return out[2], _ZOAux(aux, metrics), grad_norm
 
   def _post_process_train_step(self, aux: Any) -> None:
-    """Logs the step's zeroth-order metrics (at Tunix's step number for the step, once
-    per optimizer step), then hands the loss function's aux to ``PeftTrainer``."""
-    if isinstance(aux, _ZOAux):
-      if (self.iter_steps + 1) % self._zo_every == 0:
-        step = self.train_steps + 1
-        for name, value in aux.metrics.items():
-          self.metrics_logger.log(self.metrics_prefix, name,
-                                  np.asarray(jax.device_get(value), np.float32),
-                                  tunix_metrics.Mode.TRAIN, step)
-      aux = aux.aux
-    super()._post_process_train_step(aux)
+    """Logs the step's zeroth-order metrics, then hands the loss function's aux to
+    ``PeftTrainer``."""
+    super()._post_process_train_step(self._log_zo_metrics(aux))
+
+  def __init_subclass__(cls, **kwargs):
+    # A subclass overriding Tunix's hook receives the loss function's aux, as it would
+    # from PeftTrainer; the metrics are logged first.
+    super().__init_subclass__(**kwargs)
+    own = cls.__dict__.get("_post_process_train_step")
+    if own is not None:
+      def hook(self, aux, _own=own):
+        _own(self, self._log_zo_metrics(aux))
+
+      cls._post_process_train_step = hook
+
+  def _log_zo_metrics(self, aux: Any) -> Any:
+    """Logs a step's metrics (at Tunix's step number for the step, once per optimizer
+    step) if ``aux`` carries them; returns the loss function's aux."""
+    if not isinstance(aux, _ZOAux):
+      return aux
+    if (self.iter_steps + 1) % self._zo_every == 0:
+      step = self.train_steps + 1
+      for name, value in aux.metrics.items():
+        self.metrics_logger.log(self.metrics_prefix, name,
+                                np.asarray(jax.device_get(value), np.float32),
+                                tunix_metrics.Mode.TRAIN, step)
+    return aux.aux
 
 
 @jax.tree_util.register_dataclass
