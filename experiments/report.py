@@ -54,12 +54,21 @@ def functions_table(results: Sequence[P.Result], passes: bool = False) -> str:
   return "\n".join(lines)
 
 
-def plot_functions(results: Sequence[P.Result], path: str):
+def plot_functions(results: Sequence[P.Result], path: str, styles: dict | None = None,
+                   passes: bool = False):
   """Trajectories over the contours (top) and loss curves (bottom), seed 0, each method at
-  its chosen learning rate; saved to ``path``. Returns the figure."""
+  its chosen learning rate; saved to ``path``. Returns the figure.
+
+  ``styles``: per method, keyword arguments of ``plot`` (``color``, ``ls``, ``marker``;
+  default: the tab10 colours in order). ``passes``: the loss curves against forward passes
+  (steps times the passes a step executed; a first-order method, which has no count,
+  against steps, as its label says) instead of steps."""
   fns = list(dict.fromkeys(r.function for r in results))
   fig, axes = plt.subplots(2, len(fns), figsize=(5 * len(fns), 9), squeeze=False)
-  colors = dict(zip(dict.fromkeys(r.method for r in results), plt.cm.tab10.colors, strict=False))
+  methods = list(dict.fromkeys(r.method for r in results))
+  if styles is None:
+    styles = {m: dict(color=c) for m, c in zip(methods, plt.cm.tab10.colors, strict=False)}
+  line = {m: {k: v for k, v in styles[m].items() if k != "marker"} for m in methods}
   for j, fname in enumerate(fns):
     f = P.FUNCTIONS[fname]
     rs = [r for r in results if r.function == fname]
@@ -75,7 +84,9 @@ def plot_functions(results: Sequence[P.Result], path: str):
     ax.contour(gx, gy, np.log10(fz + 1e-3), levels=25, cmap="Greys", linewidths=0.6)
     for r in rs:
       xs = r.sweep.xs[r.lr_index, 0]
-      ax.plot(xs[:, 0], xs[:, 1], ".-", ms=2, lw=0.8, color=colors[r.method], label=r.method)
+      style = {"marker": ".", "ls": "-", "lw": 0.8, **styles[r.method]}
+      ax.plot(xs[:, 0], xs[:, 1], ms=2 if style["marker"] == "." else 3, label=r.method,
+              **style)
     ax.plot(*P.START[fname], "ko")
     ax.plot(*P.MINIMUM[fname], "r*", ms=12)
     ax.set_xlim(gx.min(), gx.max())
@@ -83,13 +94,17 @@ def plot_functions(results: Sequence[P.Result], path: str):
     ax.set_title(f"{fname}: trajectories (seed 0)")
     ax = axes[1, j]
     for r in rs:
-      label = f"{r.method} ({'never' if not np.isfinite(r.steps) else int(r.steps)})"
-      ax.semilogy(np.maximum(r.sweep.losses[r.lr_index, 0], 1e-16), color=colors[r.method],
-                  lw=1, label=label)
+      losses = np.maximum(r.sweep.losses[r.lr_index, 0], 1e-16)
+      cost = r.passes_per_step if passes else None
+      x = np.arange(len(losses)) * (1.0 if cost is None else cost)
+      reach = r.steps if cost is None else r.passes
+      unit = " steps" if passes and cost is None else ""
+      label = f"{r.method} ({'never' if not np.isfinite(reach) else f'{reach:,.0f}'}{unit})"
+      ax.semilogy(x, losses, label=label, **{"lw": 1, **line[r.method]})
     ax.axhline(0.1, color="k", ls=":", lw=0.8)
-    ax.set_xlabel("step")
+    ax.set_xlabel("forward passes (first-order: steps)" if passes else "step")
     ax.set_ylabel("f")
-    ax.set_title(f"{fname}: loss (median steps to 0.1)")
+    ax.set_title(f"{fname}: loss (median {'forward passes' if passes else 'steps'} to 0.1)")
     ax.legend(fontsize=7)
   axes[0, 0].legend(fontsize=7, loc="best")
   fig.tight_layout()
@@ -122,12 +137,13 @@ def summarize(runs) -> dict:
               sec=np.min([h.seconds for h in runs]), fin=fin)
 
 
-def band(ax, runs, key: str, color, label: str, x_scale: float = 1.0) -> None:
+def band(ax, runs, key: str, color, label: str, x_scale: float = 1.0, ls: str = "-") -> None:
   """Median line and min-max band over seeds of a history field (``train_loss``, ...);
-  ``x_scale`` multiplies the step counts (e.g. by the forward passes a step executes)."""
+  ``x_scale`` multiplies the step counts (e.g. by the forward passes a step executes);
+  ``ls``: the median line's style."""
   steps = runs[0].steps * x_scale
   v = np.array([getattr(h, key) for h in runs], dtype=float)
   with warnings.catch_warnings():  # steps after every seed diverged are all-NaN: not drawn
     warnings.simplefilter("ignore", RuntimeWarning)
-    ax.plot(steps, np.nanmedian(v, 0), color=color, lw=1.5, label=label)
+    ax.plot(steps, np.nanmedian(v, 0), color=color, lw=1.5, ls=ls, label=label)
     ax.fill_between(steps, np.nanmin(v, 0), np.nanmax(v, 0), color=color, alpha=0.15, lw=0)

@@ -30,7 +30,7 @@ from hizoo_jax._src.sampling import (
     rademacher,
 )
 from hizoo_jax._src.sharding import shard_state, state_shardings
-from hizoo_jax._src.train_step import make_train_step
+from hizoo_jax._src.train_step import RESTORE_MODES, make_train_step
 from hizoo_jax._src.transform import (
     HiZOOState,
     ZOState,
@@ -44,11 +44,13 @@ from hizoo_jax._src.transform import (
     scale_by_subzero,
     scale_by_zo,
     scale_by_zo_muon,
+    zo_states,
 )
 
 __version__ = "0.4.1"
 
 __all__ = [
+    "RESTORE_MODES",
     "AccumulateState",
     "FactoredHessian",
     "GlobalRMSState",
@@ -80,6 +82,7 @@ __all__ = [
     "scale_by_subzero",
     "scale_by_zo",
     "scale_by_zo_muon",
+    "zo_states",
     "shard_state",
     "sparse_mezo",
     "state_shardings",

@@ -329,6 +329,11 @@ def test_demo_quick(tmp_path):
   assert "| MeZO | 0.002 | 600 (300) |" in out.stdout, out.stdout
   assert "| HiZOO | 0.005 | 600 (200) |" in out.stdout
   assert "| Adam (first order) | 0.003 | 200 steps (backprop) |" in out.stdout
+  # the methods of 0.4 at their measured digits settings: FZOO 16 probes (17 passes a
+  # step), ZO-Muon 4 probes (5); FZOO on the test functions too
+  assert "| FZOO | 0.01 | 612 (36) |" in out.stdout
+  assert "| ZO-Muon | 0.0562 | 600 (120) |" in out.stdout
+  assert out.stdout.count("| FZOO |") == 2
   for name in ("test_functions.png", "digits.png", "results.md", "results.json"):
     assert (tmp_path / name).stat().st_size > 0
 

@@ -572,3 +572,90 @@ def test_finetune_llm_template_search_reads_train_only(tmp_path):
   assert all(0 <= v <= 1 for v in accs.values())
   counts = re.findall(r"zero-shot validation accuracy [01]\.\d+ \((\d+) train.tsv", out)
   assert len(counts) == 4 and all(int(c) > 1 for c in counts)
+
+
+def test_finetune_minilm_lr_takes_one_rate_or_rates_by_optimizer():
+  """``--lr 1e-3`` sets every optimizer's rate; ``--lr fzoo=1e-3,zo_muon=1e-2`` sets those
+  named (the others keep their default, None); a name outside --optimizer or a value that is
+  not a number is refused naming the item."""
+  parse = load_example("finetune_minilm").parse_lr
+  assert parse(None, ["fzoo", "mezo"]) == {"fzoo": None, "mezo": None}
+  assert parse("1e-3", ["fzoo", "mezo"]) == {"fzoo": 1e-3, "mezo": 1e-3}
+  assert parse("fzoo=1e-3,zo_muon=1e-2", ["fzoo", "zo_muon", "mezo"]) == {
+      "fzoo": 1e-3, "zo_muon": 1e-2, "mezo": None}
+  for text, message in [("lozo=1e-3", "'lozo=1e-3' does not name an optimizer"),
+                        ("fzoo=fast", "'fast' is not a number"),
+                        ("fast", "neither a rate")]:
+    with pytest.raises(ValueError, match=message):
+      parse(text, ["fzoo", "mezo"])
+
+
+def test_finetune_minilm_new_methods_default_to_their_measured_setting_on_sst2():
+  """With real data every method measured on SST-2 (hz.presets.MEASURED) takes its measured
+  rate and key options without --lr: ZO-Muon full fine-tuning 1e-2 at rank 16 with 4 probes,
+  HiZOO its measured alpha; the example's own SST-2 rates (SST2_LR) come first. On the
+  synthetic set the methods of 0.4 still have no default."""
+  example = load_example("finetune_minilm")
+  ft = hz_presets().MEASURED["sst2_ft"]
+  for name in ("zo_muon", "fzoo", "lozo", "subzero", "sparse_mezo", "forward_gradient"):
+    assert example.has_default_lr("ft", name, True), name
+    assert example.default_lr("ft", name, 400, True) == ft[name]["learning_rate"], name
+    assert not example.has_default_lr("ft", name, False), name
+  assert example.method_options("ft", "zo_muon", True) == {"rank": 16, "num_directions": 4}
+  assert example.method_options("ft", "zo_muon", False) == {}
+  assert example.default_alpha("ft", "hizoo", True) == ft["hizoo"]["hessian_smoothing"]
+  assert example.default_alpha("ft", "hizoo", False) == 1e-3
+  assert example.default_lr("lora", "fzoo", 400, True) == example.SST2_LR[("lora", "fzoo")]
+  assert not example.has_default_lr("lora", "zo_muon", True)
+
+
+def hz_presets():
+  import hizoo_jax as hz
+
+  return hz.presets
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--optimizer", "fzoo,zo_muon"], "pass --lr fzoo=RATE"),
+    (["--optimizer", "fzoo", "--lr", "zo_muon=1e-2"], "does not name an optimizer"),
+])
+def test_finetune_minilm_refuses_a_missing_or_foreign_rate(args, message, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    load_example("finetune_minilm").main(args)
+  assert exit_info.value.code == 2
+  assert message in capsys.readouterr().err
+
+
+def test_finetune_minilm_plot_says_the_window_it_averaged(tmp_path, monkeypatch):
+  """A 20-step run under --window 50 is averaged over at most 20 steps, and the label says
+  so; runs longer than the window keep it."""
+  pytest.importorskip("matplotlib")
+  import matplotlib.axes
+
+  example = load_example("finetune_minilm")
+  labels = []
+  monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel",
+                      lambda self, text, *a, **k: labels.append(text))
+  run = {"losses": list(np.linspace(1.0, 0.5, 20)), "forward_passes": list(range(2, 42, 2))}
+  example.plot({"mezo": [run]}, 50, str(tmp_path / "a.png"), "t")
+  example.plot({"mezo": [run]}, 5, str(tmp_path / "b.png"), "t")
+  assert labels == ["training loss (moving average, 20 steps)",
+                    "training loss (moving average, 5 steps)"]
+
+
+@pytest.mark.slow
+@requires_minilm
+@pytest.mark.skipif(not os.path.isfile(os.path.join(SST2, "train.tsv")),
+                    reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
+def test_finetune_minilm_compares_new_methods_at_their_measured_settings(tmp_path):
+  """One call, several methods each at its own rate: FZOO by --lr, ZO-Muon at its measured
+  setting (1e-2, rank 16, 4 probes); neither prints HiZOO's alpha."""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--mode", "ft", "--layers", "5",
+                    "--optimizer", "fzoo,zo_muon", "--lr", "fzoo=1e-3", "--out", str(tmp_path),
+                    timeout=1800)
+  assert "fzoo seed 0: lr=0.001 (constant) mu=0.001 num_directions=8," in out
+  assert "zo_muon seed 0: lr=0.01 (constant) mu=0.001 rank=16 num_directions=4," in out
+  assert "alpha=" not in out
+  res = check_outputs(str(tmp_path), ["fzoo", "zo_muon"])
+  assert res["runs"]["zo_muon"][0]["lr"] == 1e-2
+  assert res["runs"]["zo_muon"][0]["options"] == {"rank": 16, "num_directions": 4}

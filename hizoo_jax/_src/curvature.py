@@ -97,9 +97,21 @@ def dense(h: jax.Array | FactoredHessian, clip: tuple[float, float]) -> jax.Arra
   return h
 
 
-def inv_sqrt(h: jax.Array | FactoredHessian, clip: tuple[float, float]) -> jax.Array:
-  """``H^{-1/2}`` of one leaf: the perturbation and update scale ``Sigma^{1/2}``."""
-  return rsqrt(dense(h, clip))
+def inv_sqrt(h: jax.Array | FactoredHessian, clip: tuple[float, float], *,
+             duplicable: bool = True) -> jax.Array:
+  """``H^{-1/2}`` of one leaf: the perturbation and update scale ``Sigma^{1/2}``.
+
+  ``duplicable``: from multiplies and adds (:func:`rsqrt`), which XLA recomputes inside
+  every fusion that reads it, for the estimate ``g`` that an optimizer chained after HiZOO
+  may read twice. ``False``: ``jax.lax.rsqrt``, one op, for the perturbation passes, whose
+  fusions each read it once: the multiply-and-add form costs some 20 ops in each of them,
+  which is XLA compile time in every leaf's kernel of every pass (the first call of a chain
+  of 200 tensors of 64 x 64, in CPU seconds: 4.6 times a jitted Adam step's with the
+  multiply-and-add form in every pass, 4.0 with this one, measured in one process).
+  """
+  if duplicable:
+    return rsqrt(dense(h, clip))
+  return jax.lax.rsqrt(dense(h, clip))
 
 
 # x^{-1/2} of floats from multiplies and adds: a first guess from the bits, then Newton
@@ -126,16 +138,22 @@ def rsqrt(x: jax.Array) -> jax.Array:
   ``x ** -0.5`` (``jax.lax.rsqrt``: 1.6 ulp in float32, 1.2 in float64). Other float dtypes
   are computed in float32. NaN stays NaN.
   """
+  # jax.lax ops rather than jnp's: the same arithmetic, but each jnp op is a nested jit
+  # that costs its own trace, per leaf and per call.
+  lax = jax.lax
   dtype = jnp.result_type(x)
   work = dtype if dtype in _RSQRT_MAGIC else jnp.dtype(jnp.float32)
-  xw = x.astype(work)
+  xw = lax.convert_element_type(x, work)
   itype, magic, steps = _RSQRT_MAGIC[work]
-  bits = jax.lax.bitcast_convert_type(xw, itype)
-  y = jax.lax.bitcast_convert_type(jnp.asarray(magic, itype) - (bits >> 1), work)
-  half = xw * 0.5
+  bits = lax.bitcast_convert_type(xw, itype)
+  guess = lax.sub(lax.full_like(bits, magic), lax.shift_right_arithmetic(
+      bits, lax.full_like(bits, 1)))
+  y = lax.bitcast_convert_type(guess, work)
+  half = lax.mul(xw, lax.full_like(xw, 0.5))
+  three_halves = lax.full_like(xw, 1.5)
   for _ in range(steps):
-    y = y * (1.5 - half * y * y)
-  return y.astype(dtype)
+    y = lax.mul(y, lax.sub(three_halves, lax.mul(lax.mul(half, y), y)))
+  return lax.convert_element_type(y, dtype)
 
 
 def estimate(
@@ -287,7 +305,7 @@ class _Identity:
 
   name = "identity"
 
-  def inv_sqrt(self, h, clip):
+  def inv_sqrt(self, h, clip, *, duplicable=True):
     return None
 
   def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
@@ -299,8 +317,8 @@ class _Dense:
 
   name = "dense"
 
-  def inv_sqrt(self, h, clip):
-    return inv_sqrt(h, clip)
+  def inv_sqrt(self, h, clip, *, duplicable=True):
+    return inv_sqrt(h, clip, duplicable=duplicable)
 
   def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
     del rows
@@ -313,8 +331,8 @@ class _Factored:
 
   name = "factored"
 
-  def inv_sqrt(self, h, clip):
-    return inv_sqrt(h, clip)
+  def inv_sqrt(self, h, clip, *, duplicable=True):
+    return inv_sqrt(h, clip, duplicable=duplicable)
 
   def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
     return update_leaf(h, z, curvature, alpha, estimator=estimator, clip=clip, rows=rows)

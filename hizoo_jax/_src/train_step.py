@@ -72,6 +72,7 @@ from hizoo_jax._src import numerics, sampling, transform
 from hizoo_jax._src import sharding as shard_lib
 
 RESTORE_MODES = ("auto", "inplace", "exact")
+"""The values of :func:`hizoo_jax.make_train_step`'s ``restore`` option."""
 
 # ----------------------------------------------------------------------------------------
 # Finding the ZO transform inside any composition.

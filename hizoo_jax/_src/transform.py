@@ -98,7 +98,15 @@ def is_zo_state(x: Any) -> bool:
 
 
 def zo_states(state: Any) -> list[ZOState]:
-  """The zeroth-order transforms' states in ``state`` (any optimizer state), in tree order."""
+  """The zeroth-order transforms' states in ``state``, in tree order.
+
+  Args:
+    state: any optimizer state (chains, wrappers, ``optax.MultiStepsState``, the pure
+      state of an ``nnx.Optimizer``).
+
+  Returns:
+    The :class:`ZOState` of each zeroth-order transform; empty for a first-order state.
+  """
   return [x for x in jax.tree.leaves(state, is_leaf=is_zo_state) if is_zo_state(x)]
 
 

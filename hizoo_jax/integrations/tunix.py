@@ -15,19 +15,32 @@ through ``qwix``, Orbax checkpoints, sharding, metrics and a progress bar, all d
     trainer = trainer.with_gen_model_input_fn(gen_model_input)    # as for PeftTrainer
     trainer.train(train_ds, eval_ds)
 
-What a zeroth-order step cannot report is a gradient norm: it never forms the gradient. The
-trainer logs, instead of ``grad_norm``, ``zo_projected_grad``: the step's measured
-directional derivative ``(l+ - l-) / (2 mu)`` along its perturbation (the scalar the update
-is made of; the mean over directions with several). For MeZO's Gaussian ``z`` its square is
-an unbiased estimate of the squared gradient norm, so its RMS over a window of steps
-estimates the norm; for HiZOO, that of ``H^{-1/2}`` times the gradient. It also logs
-``zo_forward_passes``, the forward passes executed so far (:func:`hizoo_jax.forward_passes`):
-methods differ in passes per step, so compare runs by it, not by steps.
+What a zeroth-order step cannot report is a gradient norm: it never forms the gradient.
+Tunix logs the step's third output as ``grad_norm``; here it is ``|zo_projected_grad| *
+sqrt(pi / 2)``, a one-probe estimate of the norm (for MeZO's Gaussian ``z``, the measured
+directional derivative is ``N(0, |g|^2)`` and the mean of its magnitude is ``|g| sqrt(2 /
+pi)``; for HiZOO the norm of ``H^{-1/2} g``; averaged over ``N`` probes it is ``sqrt(N)``
+times smaller). The trainer also logs ``zo_projected_grad``, the step's measured
+directional derivative ``(l+ - l-) / (2 mu)`` (the scalar the update is made of; the mean
+over probes), and ``zo_forward_passes``, the forward passes executed so far
+(:func:`hizoo_jax.forward_passes`): methods differ in passes per step, so compare runs by
+it, not by steps.
+
+Tunix versions: the trainer uses Tunix's public surface (its constructor, ``config``,
+``metrics_logger``, ``with_loss_fn``, ``create_train_step_fn`` and the documented
+``_post_process_train_step`` hook) and runs on the released 0.1.7, whose loop calls the
+step as ``(model, optimizer, inputs)`` and accumulates gradients with ``optax.MultiSteps``,
+and on the later loop that calls it as ``(model, optimizer, grad_accumulator, inputs,
+is_update_step)`` without ``MultiSteps``; another step signature is refused with the
+installed version named.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -38,39 +51,55 @@ import optax
 from flax import nnx
 
 try:
-  from tunix.sft import peft_trainer, profiler
+  from tunix.sft import metrics_logger as tunix_metrics
+  from tunix.sft import peft_trainer
   from tunix.sft import utils as tunix_utils
 except ImportError as e:  # pragma: no cover - depends on the environment
   raise ImportError(
       "hizoo_jax.integrations.tunix needs Tunix: pip install 'hizoo-jax[tunix]'") from e
 
 import hizoo_jax as hz
-from hizoo_jax.models import peft
 
 ZO_METRIC = "zo_projected_grad"
 PASSES_METRIC = "zo_forward_passes"
-_ZO_STATES = (hz.ZOState,)
-_RESTORE_MODES = ("auto", "inplace", "exact")
 
 _NO_ZO = (
     "ZOPeftTrainer needs an optimizer containing a zeroth-order transform (hz.hizoo, "
-    "hz.hizoo_l, hz.mezo, hz.presets.*, hz.scale_by_hizoo/scale_by_zo, or an Optax chain, "
+    "hz.hizoo_l, hz.mezo, hz.fzoo, hz.sparse_mezo, hz.forward_gradient, hz.lozo, "
+    "hz.subzero, hz.zo_muon, hz.presets.*, a hz.scale_by_* transform, or an Optax chain, "
     "schedule or wrapper around one); got one without. For a first-order optimizer use "
     "tunix.sft.peft_trainer.PeftTrainer.")
 
-def zo_states(opt_state: Any) -> list[Any]:
-  """The zeroth-order transforms' states (``hz.ZOState``) in
-  ``opt_state``, in tree order; empty for an optimizer without one.
 
-  Args:
-    opt_state: an Optax state (or the pure state of an ``nnx.Optimizer``'s ``opt_state``).
+def _tunix_version() -> str:
+  try:
+    return "google-tunix " + importlib.metadata.version("google-tunix")
+  except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+    return "Tunix (version unknown)"
 
-  Returns:
-    The list of states.
-  """
-  is_zo = lambda x: isinstance(x, _ZO_STATES)  # noqa: E731
-  return [x for x in jax.tree.leaves(opt_state, is_leaf=is_zo) if is_zo(x)]
 
+def step_signature(trainer_class: type = peft_trainer.PeftTrainer) -> str:
+  """Which train-step signature a Tunix ``PeftTrainer`` class's loop calls: ``"inputs"``
+  (google-tunix 0.1.7: ``step(model, optimizer, inputs)``, gradient accumulation through
+  ``optax.MultiSteps``) or ``"accumulator"`` (its successor: ``step(model, optimizer,
+  grad_accumulator, inputs, is_update_step)``, no ``MultiSteps``). Read from its default
+  step's parameters; any other raises ImportError naming the installed version."""
+  params = list(inspect.signature(trainer_class._train_step).parameters)[1:]
+  if params == ["model", "optimizer", "inputs"]:
+    return "inputs"
+  if params == ["model", "optimizer", "grad_accumulator", "inputs", "is_update_step"]:
+    return "accumulator"
+  raise ImportError(
+      f"hizoo_jax.integrations.tunix supports Tunix train steps called as (model, "
+      f"optimizer, inputs) (google-tunix 0.1.7) or (model, optimizer, grad_accumulator, "
+      f"inputs, is_update_step); the installed {_tunix_version()} calls "
+      f"({', '.join(params)})")
+
+
+STEP_SIGNATURE = step_signature()
+"""The installed Tunix's train-step signature (:func:`step_signature`)."""
+
+zo_states = hz.zo_states
 
 def projected_gradient(opt_state: Any) -> jax.Array:
   """The last step's directional-derivative estimate (MeZO: ``(l+ - l-) / (2 mu)``),
@@ -82,7 +111,7 @@ def projected_gradient(opt_state: Any) -> jax.Array:
   Returns:
     A float32 scalar.
   """
-  (st, *_) = zo_states(opt_state)
+  (st, *_) = hz.zo_states(opt_state)
   return st.projected.astype(jnp.float32)
 
 
@@ -112,7 +141,7 @@ def check_zeroth_order(model: nnx.Module, optimizer: optax.GradientTransformatio
   if opt_state is None:
     params = nnx.as_pure(nnx.state(model, trainable_filter(model)))
     opt_state = jax.eval_shape(optimizer.init, params)
-  if not zo_states(opt_state):
+  if not hz.zo_states(opt_state):
     raise ValueError(_NO_ZO)
 
 
@@ -123,12 +152,16 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
   ``with_gen_model_input_fn``, hooks, ``train(train_ds, eval_ds)``, checkpointing and resume
   (the optimizer state, the ZO transform's PRNG key and HiZOO's Hessian included, is Tunix's
   ``nnx.Optimizer`` state), metrics, progress bar and the mesh the training runs under.
-  ``gradient_accumulation_steps = k`` runs :func:`hizoo_jax.accumulate` instead of Tunix's
-  ``optax.MultiSteps`` (which would discard all but the last micro-batch's zeroth-order
-  measurements): each step's direction is measured on its ``k`` micro-batches and the step
-  made from the means, the step the ``k`` micro-batches together would give. The train
-  step is the library's lean engine (:func:`hizoo_jax.models.peft.nnx_zo_step`, i.e.
-  :func:`hizoo_jax.make_train_step` traced into Tunix's ``nnx.jit``): the trainable params
+  ``gradient_accumulation_steps = k`` runs :func:`hizoo_jax.accumulate`: each step's
+  direction is measured on its ``k`` micro-batches and the step made from the means, the
+  step the ``k`` micro-batches together would give (Tunix 0.1.7's ``optax.MultiSteps``
+  would hold the zeroth-order state, and its direction, until it emits, discarding all
+  but the last micro-batch's measurements; its state, with a params-sized buffer of
+  gradients that stays zero, is kept for Tunix's checkpoints, and the step runs on the
+  state inside it. Later Tunix allocates its own ``GradientAccumulator`` the same size
+  and calls the step on every micro-batch). The train
+  step is the library's lean engine (:func:`hizoo_jax.make_train_step` traced into Tunix's
+  ``nnx.jit``): the trainable params
   perturbed in place, the noise regenerated from the optimizer state's key, no params-sized
   temporary beyond the forward pass's.
 
@@ -170,8 +203,8 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
       *,
       restore: str = "exact",
   ):
-    if restore not in _RESTORE_MODES:
-      raise ValueError(f"restore must be one of {_RESTORE_MODES}, got {restore!r}")
+    if restore not in hz.RESTORE_MODES:
+      raise ValueError(f"restore must be one of {hz.RESTORE_MODES}, got {restore!r}")
     # Before Tunix builds its optimizer, checkpoint manager and logger where an abstract
     # init can tell (then nothing is set up for a refused optimizer), else on the state
     # Tunix builds, releasing what it set up.
@@ -183,28 +216,16 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
     except Exception:  # noqa: BLE001 - the abstract init needs concrete hyperparameters
       checked = False
     self._zo_step_options = {"restore": restore}
-    # Gradient accumulation: Tunix would wrap the optimizer in optax.MultiSteps, which holds
-    # the zeroth-order state (and its direction) until it emits and so discards all but the
-    # last micro-batch's measurements. hz.accumulate measures the step's direction on every
-    # micro-batch instead. Tunix gets a config without accumulation (no MultiSteps) and then
-    # the real one, which its loop reads to count micro-steps into steps.
+    self._zo_has_aux = False
     k = training_config.gradient_accumulation_steps
-    accumulating = k is not None and k > 1
-    if accumulating:
-      optimizer = hz.accumulate(optimizer, k)
-    tunix_config = (dataclasses.replace(training_config, gradient_accumulation_steps=None)
-                    if accumulating else training_config)
-    super().__init__(model, optimizer, tunix_config, metrics_logger=metrics_logger,
+    self._zo_every = k if k is not None and k > 1 else 1
+    if self._zo_every > 1:
+      optimizer = hz.accumulate(optimizer, self._zo_every)
+    # The transformation the step runs: Tunix 0.1.7 wraps it in optax.MultiSteps when it
+    # accumulates, and the step then updates the state inside MultiSteps' own.
+    self._zo_tx = optimizer
+    super().__init__(model, optimizer, training_config, metrics_logger=metrics_logger,
                      perf_tracer=perf_tracer, perf_tracer_v2=perf_tracer_v2)
-    if accumulating:
-      # What PeftTrainer.__init__ derives from the accumulation (Tunix 0.1.x): the
-      # micro-step count a restored run resumes at, and the profiler's last step.
-      self.config = training_config
-      self._iter_steps = self._train_steps * k
-      self._prof = profiler.Profiler(
-          initial_step=self._iter_steps,
-          max_step=None if training_config.max_steps is None else training_config.max_steps * k,
-          profiler_options=training_config.profiler_options)
     if not checked:
       try:
         check_zeroth_order(model, optimizer, nnx.as_pure(self.optimizer.opt_state))
@@ -213,38 +234,86 @@ class ZOPeftTrainer(peft_trainer.PeftTrainer):
         self.metrics_logger.close()
         raise
 
+  def with_loss_fn(self, loss_fn: Callable[..., Any], has_aux: bool = False):
+    """As ``PeftTrainer.with_loss_fn``; the zeroth-order step evaluates ``loss_fn``."""
+    self._zo_has_aux = has_aux
+    return super().with_loss_fn(loss_fn, has_aux=has_aux)
+
   def create_train_step_fn(self) -> Callable[..., tuple[Any, Any, Any]]:
-    """The zeroth-order train step, ``step(model, optimizer, inputs) -> (loss, aux,
-    metrics)``, ``metrics`` the projected gradient and the forward passes executed so far:
-    Tunix jits it with the optimizer donated."""
+    """The zeroth-order train step, with the signature the installed Tunix calls
+    (:data:`STEP_SIGNATURE`): ``step(model, optimizer, inputs)`` or ``step(model,
+    optimizer, grad_accumulator, inputs, is_update_step)``, returning ``(loss, aux,
+    grad_norm)``; Tunix jits it with the optimizer donated. ``grad_norm`` is the one-probe
+    estimate of the module docstring; ``aux`` carries the step's zeroth-order metrics to
+    ``_post_process_train_step``, which logs them."""
+    if STEP_SIGNATURE == "accumulator":
+      def step(model, optimizer, grad_accumulator, inputs, is_update_step):
+        del grad_accumulator, is_update_step  # hz.accumulate counts the micro-batches
+        return self._zo_train_step(model, optimizer, inputs)
+
+      return step
     return self._zo_train_step
 
   def _zo_train_step(self, model: nnx.Module, optimizer: nnx.Optimizer,
                      inputs: Any) -> tuple[Any, Any, Any]:
     inputs = self.gen_model_input_fn(inputs)
-    loss = lambda m: self.loss_fn(m, **inputs)  # noqa: E731
-    out = peft.nnx_zo_step(optimizer, model, loss, has_aux=self._has_aux,
-                           **self._zo_step_options)
-    loss_value, aux = out if self._has_aux else (out, None)
+    graphdef, params, rest = nnx.split(model, optimizer.wrt, ...)
+    params, rest = nnx.as_pure(params), nnx.as_pure(rest)
+    loss_fn = lambda p: self.loss_fn(nnx.merge(graphdef, p, rest), **inputs)  # noqa: E731
     state = nnx.as_pure(optimizer.opt_state)
-    return loss_value, aux, {ZO_METRIC: projected_gradient(state),
-                             PASSES_METRIC: hz.forward_passes(state)}
+    multi = isinstance(state, optax.MultiStepsState)
+    step = hz.make_train_step(self._zo_tx, loss_fn, has_aux=self._zo_has_aux,
+                              **self._zo_step_options)
+    out = step(params, state.inner_opt_state if multi else state)
+    new_state = state._replace(inner_opt_state=out[1]) if multi else out[1]
+    nnx.update(model, out[0])
+    nnx.update(optimizer.opt_state, nnx.state(new_state))
+    optimizer.step[...] += 1
+    aux = out[3] if self._zo_has_aux else None
+    projected = projected_gradient(new_state)
+    metrics = {ZO_METRIC: projected, PASSES_METRIC: hz.forward_passes(new_state)}
+    grad_norm = jnp.abs(projected) * math.sqrt(math.pi / 2)
+    return out[2], _ZOAux(aux, metrics), grad_norm
 
-  def _buffer_metrics(self, metrics_buffer, loss, step, additional_metrics=None):
-    # Tunix's loop logs the step's third output as "grad_norm" (averaged over the steps it
-    # buffers); a ZO step has no gradient, and its third output holds the projected
-    # gradient (averaged the same way) and the forward-pass count (the latest: the count
-    # is cumulative), each logged under its own name.
-    if additional_metrics and "grad_norm" in additional_metrics:
-      additional_metrics = dict(additional_metrics)
-      value, op = additional_metrics.pop("grad_norm")
-      if isinstance(value, dict):
-        additional_metrics[ZO_METRIC] = (value[ZO_METRIC], op)
-        additional_metrics[PASSES_METRIC] = (value[PASSES_METRIC], np.max)
-      else:  # a step function of a subclass that returns the projected gradient alone
-        additional_metrics[ZO_METRIC] = (value, op)
-    return super()._buffer_metrics(metrics_buffer, loss, step, additional_metrics)
+  def _post_process_train_step(self, aux: Any) -> None:
+    """Logs the step's zeroth-order metrics, then hands the loss function's aux to
+    ``PeftTrainer``."""
+    super()._post_process_train_step(self._log_zo_metrics(aux))
+
+  def __init_subclass__(cls, **kwargs):
+    # A subclass overriding Tunix's hook receives the loss function's aux, as it would
+    # from PeftTrainer; the metrics are logged first.
+    super().__init_subclass__(**kwargs)
+    own = cls.__dict__.get("_post_process_train_step")
+    if own is not None:
+      def hook(self, aux, _own=own):
+        _own(self, self._log_zo_metrics(aux))
+
+      cls._post_process_train_step = hook
+
+  def _log_zo_metrics(self, aux: Any) -> Any:
+    """Logs a step's metrics (at Tunix's step number for the step, once per optimizer
+    step) if ``aux`` carries them; returns the loss function's aux."""
+    if not isinstance(aux, _ZOAux):
+      return aux
+    if (self.iter_steps + 1) % self._zo_every == 0:
+      step = self.train_steps + 1
+      for name, value in aux.metrics.items():
+        self.metrics_logger.log(self.metrics_prefix, name,
+                                np.asarray(jax.device_get(value), np.float32),
+                                tunix_metrics.Mode.TRAIN, step)
+    return aux.aux
 
 
-__all__ = ["PASSES_METRIC", "ZO_METRIC", "ZOPeftTrainer", "check_zeroth_order",
-           "projected_gradient", "trainable_filter", "zo_states"]
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _ZOAux:
+  """The step's aux: the loss function's (None without ``has_aux``) and the metrics."""
+
+  aux: Any
+  metrics: dict[str, Any]
+
+
+__all__ = ["PASSES_METRIC", "STEP_SIGNATURE", "ZO_METRIC", "ZOPeftTrainer",
+           "check_zeroth_order", "projected_gradient", "step_signature", "trainable_filter",
+           "zo_states"]

@@ -203,8 +203,8 @@ class HiZOO(m.Method):
     out = []
     for i, (p, h) in enumerate(zip(noise.leaves, h_leaves, strict=True)):
       z = words.noise(noise.sampler, i, p)
-      out.append(m.scale_leaf(step.astype(z.dtype) * z,
-                              curv.strategy_of(h).inv_sqrt(h, self.hessian_clip)))
+      out.append(m.scale_leaf(step.astype(z.dtype) * z, curv.strategy_of(h).inv_sqrt(
+          h, self.hessian_clip, duplicable=False)))
     return out
 
   def estimate(self, noise, state, hyper, params, measured):
