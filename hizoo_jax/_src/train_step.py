@@ -548,9 +548,17 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False,
       p, work, s, outs, prepared = carry
       here = loc.rebind(s)
       measured = m.Measured(outs[0][0], outs[0][1:])
-      work = here.perturb(work if inplace else p, list(coefs[i]), list(probes[i]), measured,
-                          prepared, after=i)
       k = slots[i]
+      if not inplace:
+        # Every pass measures, at theta + offset mu D: the perturbed leaves are
+        # temporaries of the evaluation, no buffer of the carry, and no conditional
+        # (whose operands XLA would materialise whole before it runs).
+        out = f(here.perturb(p, list(coefs[i]), list(probes[i]), measured, prepared,
+                             after=i), *batch)
+        outs = jax.tree.map(lambda a, o: a.at[k].set(o), outs, out)
+        return p, work, s, outs, prepared
+      work = here.perturb(work, list(coefs[i]), list(probes[i]), measured,
+                          prepared, after=i)
       out = jax.lax.cond(k > 0, lambda: f(work, *batch), lambda: zero)
       outs = jax.tree.map(lambda a, o: a.at[k].set(jnp.where(k > 0, o, a[k])), outs, out)
       return p, work, s, outs, prepared
@@ -565,7 +573,7 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False,
           0, len(rows), body, ((), params, opt_state, outs, prepared))
     else:
       params, _, opt_state, outs, prepared = jax.lax.fori_loop(
-          0, len(rows), body, (params, _zeros_like(params), opt_state, outs, prepared))
+          0, len(rows), body, (params, (), opt_state, outs, prepared))
     losses = outs[0]
     params, opt_state, prepared = jax.lax.optimization_barrier((params, opt_state, prepared))
     if tail:

@@ -1,0 +1,131 @@
+"""The default step for bfloat16 params: the plain update bit for bit, at inference memory.
+
+The exact step never writes a perturbed value into theta: each measuring pass forms
+``theta + c mu D`` leaf by leaf where the forward pass reads it, so the params' buffers
+hold theta until the update and no perturbed copy of all the params exists.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import hizoo_jax as hz
+from tests.helpers import lean_step_extra, tanh_mlp, tanh_mlp_loss
+
+METHODS = {
+    "mezo": lambda: hz.mezo(1e-2, weight_decay=0.1),
+    "hizoo": lambda: hz.hizoo(1e-2, hessian_smoothing=0.1),
+    "hizoo_l": lambda: hz.hizoo_l(1e-2, hessian_smoothing=0.1, min_dim_size_to_factor=4),
+    "fzoo": lambda: hz.fzoo(1e-2),
+    "sparse_mezo": lambda: hz.sparse_mezo(1e-2),
+    "lozo": lambda: hz.lozo(1e-2, rank=2),
+    "subzero": lambda: hz.subzero(1e-2, rank=2),
+    "zo_muon": lambda: hz.zo_muon(1e-2, rank=2),
+    "forward_gradient": lambda: hz.forward_gradient(1e-2),
+}
+
+X = jax.random.normal(jax.random.key(1), (32, 8)).astype(jnp.bfloat16)
+Y = jax.random.normal(jax.random.key(2), (32, 4)).astype(jnp.float32)
+
+
+def loss_fn(p, x, y):
+  return tanh_mlp_loss(p, x, y).astype(jnp.float32)
+
+
+def run(tx, step, steps=3):
+  params = tanh_mlp([8, 16, 16, 4], jnp.bfloat16, 0)
+  state = tx.init(params)
+  losses = []
+  for _ in range(steps):
+    params, state, loss = step(params, state, X, Y)
+    losses.append(loss)
+  return params, state, losses
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_bfloat16_default_step_is_the_plain_update_bit_for_bit(name):
+  """Three steps of the default step (top level, and inside a user's donating jit) leave
+  the params, the optimizer state and the losses of the plain ``tx.update`` step, every
+  bit: the same perturbed params (each rounded to bfloat16 once, from theta), hence the
+  same losses and the same update."""
+  tx = METHODS[name]()
+  plain = run(tx, hz.make_train_step(tx, loss_fn, lean=False))
+  step = hz.make_train_step(tx, loss_fn)
+  chex.assert_trees_all_equal(run(tx, step), plain)
+  user = jax.jit(lambda p, s, x, y: step(p, s, x, y), donate_argnums=(0, 1))
+  chex.assert_trees_all_equal(run(tx, user), plain)
+
+
+def test_bfloat16_default_step_does_not_drift():
+  """At learning rate 0 the default step leaves bfloat16 params unchanged, every bit, over
+  20 steps; the in-place restore moves them by rounding."""
+  params0 = tanh_mlp([8, 16, 4], jnp.bfloat16, 0)
+  tx = hz.mezo(0.0, mu=1e-2)
+  out = {}
+  for restore in ("auto", "inplace"):
+    step = hz.make_train_step(tx, loss_fn, restore=restore, donate=False)
+    p, s = params0, tx.init(params0)
+    for _ in range(20):
+      p, s, _ = step(p, s, X, Y)
+    out[restore] = p
+  chex.assert_trees_all_equal(out["auto"], params0)
+  assert any(bool(jnp.any(a != b)) for a, b in
+             zip(jax.tree.leaves(out["inplace"]), jax.tree.leaves(params0), strict=True))
+
+
+# --- compiled memory on a bfloat16 decoder --------------------------------------------------
+
+LEAN = {
+    "mezo": lambda: hz.mezo(1e-3),
+    "hizoo": lambda: hz.hizoo(1e-3),
+    "fzoo": lambda: hz.fzoo(1e-3),
+    "zo_muon": lambda: hz.zo_muon(1e-3),
+}
+
+
+def _decoder(mode):
+  from flax import nnx
+
+  from hizoo_jax.models import llama, peft
+
+  def next_token_loss(model, ids):
+    logits = model.logits(model(ids))[:, :-1].astype(jnp.float32)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]))
+
+  model = llama.LlamaForCausalLM(llama.tiny_config(), param_dtype=jnp.bfloat16,
+                                 dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  if mode == "lora":
+    peft.apply_lora(model, rank=8, rngs=nnx.Rngs(1))
+  graphdef, params, frozen = peft.split_trainable(model, mode)
+  return peft.make_loss_fn(graphdef, next_token_loss), params, frozen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ft", "lora"])
+@pytest.mark.parametrize("name", list(LEAN))
+def test_bfloat16_default_step_holds_no_perturbed_copy(name, mode):
+  """The default step on the tiny bfloat16 Llama (full fine-tuning and LoRA) allocates at
+  most 0.1 params-worth plus its largest trainable leaf beyond the forward pass's
+  temporaries (a perturbed leaf, or the few leaves XLA forms ahead of their reader), plus
+  HiZOO's float32 H; top level and inside a user's donating jit. The exact step that
+  perturbed a separate buffer held 1.0 params-worth more (the perturbed copy)."""
+  loss, params, frozen = _decoder(mode)
+  leaves = jax.tree.leaves(params)
+  assert {a.dtype for a in leaves} == {jnp.dtype(jnp.bfloat16)}
+  nbytes = sum(a.nbytes for a in leaves)
+  tx = LEAN[name]()
+  state_bytes = sum(a.nbytes for a in jax.tree.leaves(tx.init(params))
+                    if jnp.issubdtype(a.dtype, jnp.inexact))
+  bound = 0.1 + max(a.nbytes for a in leaves) / nbytes
+  if name == "hizoo":
+    bound += state_bytes / nbytes  # its H, float32: 2.0 params-worth of bfloat16 params
+  ids = jnp.zeros((2, 64), jnp.int32)
+  extra = lean_step_extra(tx, loss, params, frozen, ids)
+  for where, value in extra.items():
+    assert value <= bound, (where, value, bound)
+  np.testing.assert_array_less(-0.01, list(extra.values()))
