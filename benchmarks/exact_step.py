@@ -178,7 +178,7 @@ def main(argv=None):
     for method in args.methods:
       row = run(jnp.dtype(dtype), method, args.repeats)
       out["rows"].append(row)
-      q = lambda k: f"{row[k][1]:.2f} ({row[k][0]:.2f}-{row[k][2]:.2f})"  # noqa: E731
+      q = lambda k, row=row: f"{row[k][1]:.2f} ({row[k][0]:.2f}-{row[k][2]:.2f})"  # noqa: E731
       print(f"| {dtype} | {method} | {q('exact_passes')} | {q('inplace_passes')} | "
             f"{q('exact_over_inplace')} | {row['exact_kernels_per_pass']} / "
             f"{row['inplace_kernels_per_pass']} | {row['exact_extra']:.3f} / "

@@ -37,7 +37,6 @@ import gpu  # noqa: E402
 import hizoo_jax as hz  # noqa: E402
 from hizoo_jax.models import llama, peft  # noqa: E402
 
-
 # SmolLM2-135M's architecture (its config.json): no weights are needed to compile.
 SMOLLM2_135M = llama.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                                  num_hidden_layers=30, num_attention_heads=9,
