@@ -113,7 +113,15 @@ def test_bfloat16_default_step_holds_no_perturbed_copy(name, mode):
   most 0.1 params-worth plus its largest trainable leaf beyond the forward pass's
   temporaries (a perturbed leaf, or the few leaves XLA forms ahead of their reader), plus
   HiZOO's float32 H; top level and inside a user's donating jit. The exact step that
-  perturbed a separate buffer held 1.0 params-worth more (the perturbed copy)."""
+  perturbed a separate buffer held 1.0 params-worth more (the perturbed copy).
+
+  LoRA's trainable params (7 KiB here) are smaller than the difference between two
+  layouts of the forward pass's activations (the step's loop body lays them out a little
+  differently from the jitted forward pass: 18 KiB, 2% of its 0.9 MiB, measured), so for
+  LoRA the bound also allows 5% of the forward pass's temporaries. What it rules out is a
+  copy of anything the forward pass computes from the batch alone (LoRA's frozen
+  projections, hoisted out of the step's loop: 18% of them, measured before the batch was
+  tied to the loop index)."""
   loss, params, frozen = _decoder(mode)
   leaves = jax.tree.leaves(params)
   assert {a.dtype for a in leaves} == {jnp.dtype(jnp.bfloat16)}
@@ -125,6 +133,9 @@ def test_bfloat16_default_step_holds_no_perturbed_copy(name, mode):
   if name == "hizoo":
     bound += state_bytes / nbytes  # its H, float32: 2.0 params-worth of bfloat16 params
   ids = jnp.zeros((2, 64), jnp.int32)
+  if mode == "lora":
+    forward = jax.jit(loss).lower(params, frozen, ids).compile().memory_analysis()
+    bound += 0.05 * forward.temp_size_in_bytes / nbytes
   extra = lean_step_extra(tx, loss, params, frozen, ids)
   for where, value in extra.items():
     assert value <= bound, (where, value, bound)
