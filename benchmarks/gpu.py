@@ -80,7 +80,16 @@ ZO_METHODS = ("mezo", "hizoo", "hizoo_l", "fzoo", "sparse_mezo", "forward_gradie
 BATCHED = ("fzoo_batched", "zo_muon_batched")
 # Settings other than a method's defaults, by row name -> (method, options): ZO-Muon at
 # the rank hz.presets.measured("zo_muon", "sst2_ft") holds (rank 16, 4 probes).
-VARIANTS: dict[str, tuple[str, dict]] = {"zo_muon_r16": ("zo_muon", {"rank": 16})}
+# A "restore" option goes to make_train_step, not to the method: the bfloat16 decoder's
+# default step (restore="exact", theta + c mu D formed where the forward pass reads it)
+# against the in-place one, and MiniLM's float32 default (in place) against the exact one.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "zo_muon_r16": ("zo_muon", {"rank": 16}),
+    "mezo_inplace": ("mezo", {"restore": "inplace"}),
+    "hizoo_inplace": ("hizoo", {"restore": "inplace"}),
+    "mezo_exact": ("mezo", {"restore": "exact"}),
+    "hizoo_exact": ("hizoo", {"restore": "exact"}),
+}
 METHODS = ZO_METHODS + tuple(VARIANTS) + BATCHED + ("adam",)
 
 
@@ -165,8 +174,10 @@ def make_step(method, loss_fn):
   if method not in METHODS:
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
   fn, opts = resolve(method)
+  opts = dict(opts)
+  restore = opts.pop("restore", "auto")
   tx = getattr(hz, fn)(LR, **opts)
-  return tx, hz.make_train_step(tx, loss_fn, batch_probes=method in BATCHED)
+  return tx, hz.make_train_step(tx, loss_fn, batch_probes=method in BATCHED, restore=restore)
 
 
 def measure(model, method, forward, repeats):

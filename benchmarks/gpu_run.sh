@@ -24,13 +24,14 @@ py=${PYTHON:-python3}
 case "$part" in
   minilm)
     timeout "$limit" "$py" benchmarks/gpu.py --models minilm --repeats 21 --append \
-      --out "$out/gpu_minilm.json" 2>&1 | tee "$out/minilm.log" ;;
+      ${METHODS:+--methods $METHODS} --out "$out/gpu_minilm.json" 2>&1 \
+      | tee -a "$out/minilm.log" ;;
   llama1b)
     # the methods in the order they matter, so that a cut-off run has the main rows
     timeout "$limit" "$py" benchmarks/gpu.py --models llama1b --repeats 11 --append \
       --methods ${METHODS:-mezo hizoo hizoo_l adam lozo subzero zo_muon sparse_mezo \
       fzoo_batched forward_gradient fzoo zo_muon_batched} \
-      --out "$out/gpu_llama1b.json" 2>&1 | tee "$out/llama1b.log" ;;
+      --out "$out/gpu_llama1b.json" 2>&1 | tee -a "$out/llama1b.log" ;;
   harness)
     timeout "$limit" "$py" -m experiments.choose.run --table gpu_sst2 \
       --results "$out/harness_results" --ckpts "${TMPDIR:-/tmp}/hizoo-gpu-ckpts" 2>&1 \

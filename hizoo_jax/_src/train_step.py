@@ -19,6 +19,17 @@ The last call runs the whole optimizer's own ``update`` with the measured losses
 estimator, the Hessian EMA and any Optax chain or wrapper around the ZO transform are the
 same code as the plain path; only the perturbed params differ (``restore``).
 
+**The exact restore** (the default for 16-bit params) never moves theta: each measuring
+pass evaluates ``f(theta + c mu H^{-1/2} z)`` with the sum formed inside the evaluation,
+leaf by leaf, and no conditional around it (XLA materialises a conditional's operands
+whole). XLA then forms each perturbed leaf where the forward pass reads it (fused into
+the read where it can, e.g. the upcast of a bfloat16 weight for the CPU's dot), so no
+perturbed copy of the params exists and the losses and the update are the plain
+``tx.update``'s, bit for bit. What XLA holds beyond the forward pass is the perturbed
+leaves it forms ahead of their reader: 0.001 params-worth on the 1.1B bfloat16 decoder
+(benchmarks/RESULTS.md); on a forward pass that XLA:CPU fuses whole (YNNPACK's fusion of a
+small MLP's dots) or schedules for concurrency, up to about a params-worth.
+
 **Passes over the params.** Each move regenerates the noise of every parameter and reads
 and writes all of them; with the small batches of zeroth-order fine-tuning these passes
 cost as much as the forward passes. So the restoring move runs in the update's own pass
@@ -145,7 +156,7 @@ class _Located:
     leaves = jax.tree.leaves(self.view(params))
     return self.method.prepare(leaves, self.state.method, self.state.hyper)
 
-  def perturb(self, params, coefs, probes, measured, prepared=None, after=()):
+  def perturb(self, params, coefs, probes, measured, prepared=None, after=(), serial=True):
     """``params`` with the selected leaves moved by ``coefs[w] * mu * D_probes[w]``, one
     move after the other (each rounded to the params' dtype, as separate passes would be)
     but in one pass over the params: XLA fuses the moves of a leaf into one loop.
@@ -164,7 +175,7 @@ class _Located:
       method_state, leaves, prepared, _ = jax.lax.optimization_barrier(
           (method_state, leaves, prepared, after))
     mu = st.hyper["mu"]
-    if self.method.serial_products:
+    if serial and self.method.serial_products:
       leaves = self._serial_moves(leaves, coefs, probes, method_state, prepared, after)
       return self.merge(params, treedef.unflatten(leaves))
     for coef, probe in zip(coefs, probes, strict=True):
@@ -529,7 +540,8 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False,
     # loss is measured where slot > 0 (slot 0 holds l0, measured first at theta where the
     # method asks for it). In place, the coefficients of each probe sum to 0 and the last
     # pass restores theta with no evaluation; with an exact restore, each measuring pass
-    # perturbs theta by its offset into a separate buffer in the carry. What makes XLA
+    # evaluates the loss at theta + offset mu D formed inside the evaluation (theta stays
+    # in the carry, unwritten, until the update). What makes XLA
     # keep no params-sized temporary (each measured on the 403 MB benchmark model,
     # benchmarks/RESULTS.md):
     # - the losses, l0 included, ride in the carry and pass the barrier with the params,
@@ -549,9 +561,27 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False,
       p, work, s, outs, prepared = carry
       here = loc.rebind(s)
       measured = m.Measured(outs[0][0], outs[0][1:])
-      work = here.perturb(work if inplace else p, list(coefs[i]), list(probes[i]), measured,
-                          prepared, after=i)
       k = slots[i]
+      if not inplace:
+        # Every pass measures, at theta + offset mu D: the perturbed leaves are
+        # temporaries of the evaluation, no buffer of the carry, and no conditional
+        # (whose operands XLA would materialise whole before it runs). The batch is tied
+        # to the loop index: else XLA hoists what the forward pass computes from the batch
+        # alone (LoRA's frozen projections) out of the loop and keeps it alive across the
+        # passes (measured: 22.5 LoRA-params-worth on the tiny Llama). Leaves are not
+        # ordered one after the other (serial_products): that order is the params', not
+        # the forward pass's, so every perturbed leaf would wait for its reader. ZO-Muon
+        # on the tiny Llama, params-worth beyond the forward pass's: 0.14 unordered under
+        # XLA:CPU's memory-minimising scheduler; under its default (concurrency) one,
+        # which forms every leaf's product before the forward pass reads any, 1.64
+        # unordered and 0.94 ordered.
+        here_batch, _ = jax.lax.optimization_barrier((batch, i))
+        out = f(here.perturb(p, list(coefs[i]), list(probes[i]), measured, prepared,
+                             after=i, serial=False), *here_batch)
+        outs = jax.tree.map(lambda a, o: a.at[k].set(o), outs, out)
+        return p, work, s, outs, prepared
+      work = here.perturb(work, list(coefs[i]), list(probes[i]), measured,
+                          prepared, after=i)
       out = jax.lax.cond(k > 0, lambda: f(work, *batch), lambda: zero)
       outs = jax.tree.map(lambda a, o: a.at[k].set(jnp.where(k > 0, o, a[k])), outs, out)
       return p, work, s, outs, prepared
@@ -566,7 +596,7 @@ def _one_pass_step(tx, loss_fn, has_aux, restore, fused_noise_only=False,
           0, len(rows), body, ((), params, opt_state, outs, prepared))
     else:
       params, _, opt_state, outs, prepared = jax.lax.fori_loop(
-          0, len(rows), body, (params, _zeros_like(params), opt_state, outs, prepared))
+          0, len(rows), body, (params, (), opt_state, outs, prepared))
     losses = outs[0]
     params, opt_state, prepared = jax.lax.optimization_barrier((params, opt_state, prepared))
     if tail:
@@ -598,8 +628,8 @@ def _schedule(method: m.Method, inplace: bool
   passes instead of ``2N``). Rows are padded to one width with zero moves, which cost a
   noise draw and no pass over memory; the two-sided probes' restores stay passes of their
   own, since merging them would pad ``N + 1`` rows of ``2N``. With an exact restore, only
-  the measuring passes run, each at its offset from theta (the perturbed copy is rebuilt
-  from theta every time), and there is no tail."""
+  the measuring passes run, each evaluating the loss at its offset from theta (formed
+  from theta where the forward pass reads each leaf), and there is no tail."""
   if not inplace:
     return [(((j, o),), k + 1) for k, (j, o) in enumerate(m.measured_offsets(method.passes))], ()
   merged, pending, k = [], [], 0
@@ -741,13 +771,16 @@ def make_train_step(
       the plain step, one jitted ``tx.update`` (keeps a perturbed copy of the params and the
       estimate alive).
       ``True``: the lean engine, or an error where it does not apply.
-    restore: ``"inplace"`` restores ``theta`` by adding the perturbation back, like the
-      reference code: no extra memory, but ``theta`` drifts by about one ulp (RMS) per
-      step, as a random walk. ``"exact"`` keeps ``theta`` and perturbs a separate buffer
-      (one more params-worth of memory) and reproduces the plain update. ``"auto"``
-      (default): exact if any params leaf is 16-bit, else in place. Measured
-      (benchmarks/RESULTS.md): after 300 steps the in-place drift is 1e-6 of RMS(theta) in
-      float32 but 7% in bfloat16.
+    restore: ``"exact"`` never writes a perturbed value into ``theta``: each measuring
+      pass forms ``theta + c mu D`` leaf by leaf where the forward pass reads it, so the
+      step is the plain update bit for bit and holds no perturbed copy of the params (a
+      perturbed leaf at a time, or the few leaves XLA forms ahead of their reader; on
+      the 1.1B bfloat16 decoder 0.001 params-worth beyond the forward pass's, compiled).
+      ``"inplace"`` moves ``theta`` itself and adds the perturbation back, like the
+      reference code: nothing leaf-sized beyond the forward pass's, but ``theta`` drifts
+      by about one ulp (RMS) per step, as a random walk. ``"auto"`` (default): exact if
+      any params leaf is 16-bit, else in place. Measured (benchmarks/RESULTS.md): after
+      300 steps the in-place drift is 1e-6 of RMS(theta) in float32 but 7% in bfloat16.
     donate: donate ``params`` and ``opt_state`` to the top-level step.
     param_shardings: a ``NamedSharding`` for all params, or a tree of them shaped like the
       params. The step returns params (and optimizer state, sharded like the params)

@@ -1,0 +1,168 @@
+"""The default step for bfloat16 params: the plain update bit for bit, at inference memory.
+
+The exact step never writes a perturbed value into theta: each measuring pass forms
+``theta + c mu D`` leaf by leaf where the forward pass reads it, so the params' buffers
+hold theta until the update and no perturbed copy of all the params exists.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import hizoo_jax as hz
+from tests.helpers import lean_step_extra, tanh_mlp, tanh_mlp_loss
+
+METHODS = {
+    "mezo": lambda: hz.mezo(1e-2, weight_decay=0.1),
+    "hizoo": lambda: hz.hizoo(1e-2, hessian_smoothing=0.1),
+    "hizoo_l": lambda: hz.hizoo_l(1e-2, hessian_smoothing=0.1, min_dim_size_to_factor=4),
+    "fzoo": lambda: hz.fzoo(1e-2),
+    "sparse_mezo": lambda: hz.sparse_mezo(1e-2),
+    "lozo": lambda: hz.lozo(1e-2, rank=2),
+    "subzero": lambda: hz.subzero(1e-2, rank=2),
+    "zo_muon": lambda: hz.zo_muon(1e-2, rank=2),
+    "forward_gradient": lambda: hz.forward_gradient(1e-2),
+}
+
+X = jax.random.normal(jax.random.key(1), (32, 8)).astype(jnp.bfloat16)
+Y = jax.random.normal(jax.random.key(2), (32, 4)).astype(jnp.float32)
+
+
+def loss_fn(p, x, y):
+  return tanh_mlp_loss(p, x, y).astype(jnp.float32)
+
+
+def run(tx, step, steps=3):
+  params = tanh_mlp([8, 16, 16, 4], jnp.bfloat16, 0)
+  state = tx.init(params)
+  losses = []
+  for _ in range(steps):
+    params, state, loss = step(params, state, X, Y)
+    losses.append(loss)
+  return params, state, losses
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_bfloat16_default_step_is_the_plain_update_bit_for_bit(name):
+  """Three steps of the default step (top level, and inside a user's donating jit) leave
+  the params, the optimizer state and the losses of the plain ``tx.update`` step, every
+  bit: the same perturbed params (each rounded to bfloat16 once, from theta), hence the
+  same losses and the same update."""
+  tx = METHODS[name]()
+  plain = run(tx, hz.make_train_step(tx, loss_fn, lean=False))
+  step = hz.make_train_step(tx, loss_fn)
+  chex.assert_trees_all_equal(run(tx, step), plain)
+  user = jax.jit(lambda p, s, x, y: step(p, s, x, y), donate_argnums=(0, 1))
+  chex.assert_trees_all_equal(run(tx, user), plain)
+
+
+def test_bfloat16_default_step_does_not_drift():
+  """At learning rate 0 the default step leaves bfloat16 params unchanged, every bit, over
+  20 steps; the in-place restore moves them by rounding."""
+  params0 = tanh_mlp([8, 16, 4], jnp.bfloat16, 0)
+  tx = hz.mezo(0.0, mu=1e-2)
+  out = {}
+  for restore in ("auto", "inplace"):
+    step = hz.make_train_step(tx, loss_fn, restore=restore, donate=False)
+    p, s = params0, tx.init(params0)
+    for _ in range(20):
+      p, s, _ = step(p, s, X, Y)
+    out[restore] = p
+  chex.assert_trees_all_equal(out["auto"], params0)
+  assert any(bool(jnp.any(a != b)) for a, b in
+             zip(jax.tree.leaves(out["inplace"]), jax.tree.leaves(params0), strict=True))
+
+
+# --- compiled memory on a bfloat16 decoder --------------------------------------------------
+
+LEAN = {
+    "mezo": lambda: hz.mezo(1e-3),
+    "hizoo": lambda: hz.hizoo(1e-3),
+    "fzoo": lambda: hz.fzoo(1e-3),
+    "zo_muon": lambda: hz.zo_muon(1e-3),
+}
+
+
+def _decoder(mode):
+  from flax import nnx
+
+  from hizoo_jax.models import llama, peft
+
+  def next_token_loss(model, ids):
+    logits = model.logits(model(ids))[:, :-1].astype(jnp.float32)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]))
+
+  model = llama.LlamaForCausalLM(llama.tiny_config(), param_dtype=jnp.bfloat16,
+                                 dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  if mode == "lora":
+    peft.apply_lora(model, rank=8, rngs=nnx.Rngs(1))
+  graphdef, params, frozen = peft.split_trainable(model, mode)
+  return peft.make_loss_fn(graphdef, next_token_loss), params, frozen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ft", "lora"])
+@pytest.mark.parametrize("name", list(LEAN))
+def test_bfloat16_default_step_holds_no_perturbed_copy(name, mode):
+  """The default step on the tiny bfloat16 Llama (full fine-tuning and LoRA) allocates at
+  most 0.1 params-worth plus its largest trainable leaf beyond the forward pass's
+  temporaries (a perturbed leaf, or the few leaves XLA forms ahead of their reader), plus
+  HiZOO's float32 H; top level and inside a user's donating jit. The exact step that
+  perturbed a separate buffer held 1.0 params-worth more (the perturbed copy).
+
+  LoRA's trainable params (7 KiB here) are smaller than the difference between two
+  layouts of the forward pass's activations (the step's loop body lays them out a little
+  differently from the jitted forward pass: 18 KiB, 2% of its 0.9 MiB, measured), so for
+  LoRA the bound also allows 5% of the forward pass's temporaries. What it rules out is a
+  copy of anything the forward pass computes from the batch alone (LoRA's frozen
+  projections, hoisted out of the step's loop: 18% of them, measured before the batch was
+  tied to the loop index)."""
+  if name == "zo_muon":
+    _in_a_child(mode)
+    return
+  assert_lean_on_the_decoder(name, mode)
+
+
+def assert_lean_on_the_decoder(name, mode):
+  loss, params, frozen = _decoder(mode)
+  leaves = jax.tree.leaves(params)
+  assert {a.dtype for a in leaves} == {jnp.dtype(jnp.bfloat16)}
+  nbytes = sum(a.nbytes for a in leaves)
+  tx = LEAN[name]()
+  state_bytes = sum(a.nbytes for a in jax.tree.leaves(tx.init(params))
+                    if jnp.issubdtype(a.dtype, jnp.inexact))
+  bound = 0.1 + max(a.nbytes for a in leaves) / nbytes
+  if name == "hizoo":
+    bound += state_bytes / nbytes  # its H, float32: 2.0 params-worth of bfloat16 params
+  ids = jnp.zeros((2, 64), jnp.int32)
+  if mode == "lora":
+    forward = jax.jit(loss).lower(params, frozen, ids).compile().memory_analysis()
+    bound += 0.05 * forward.temp_size_in_bytes / nbytes
+  extra = lean_step_extra(tx, loss, params, frozen, ids)
+  for where, value in extra.items():
+    assert value <= bound, (where, value, bound)
+
+
+def _in_a_child(mode):
+  """ZO-Muon's products are matmuls, a leaf-sized buffer each: XLA:CPU's default scheduler
+  (concurrency-optimised) forms every leaf's product before the forward pass reads any
+  (1.64 params-worth measured), its memory-minimising one each where it is read (0.14).
+  The flag reaches only a fresh process (tests/test_lowrank.py says why)."""
+  import os
+  import subprocess
+  import sys
+
+  from tests.helpers import xla_env
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = ("import jax; jax.config.update('jax_enable_x64', True); "
+          "from tests.test_exact_bf16 import assert_lean_on_the_decoder as f; "
+          f"f('zo_muon', {mode!r}); print('ok')")
+  env = xla_env("--xla_cpu_enable_concurrency_optimized_scheduler=false", JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                       text=True, timeout=1200)
+  assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
