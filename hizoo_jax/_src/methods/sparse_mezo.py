@@ -15,6 +15,13 @@ the params at every step and never stored between steps (the paper's dynamic mas
 Leaves with fewer than two dimensions (biases, norms) are perturbed whole: the paper
 masks weight matrices, and a magnitude mask means little for a norm's scale near 1.
 
+A matrix with no spread at ``init``, whose quantile is 0 (LoRA's ``B`` and zero-initialised
+heads are all zeros), would otherwise be masked to its exact zeros, out of the step after
+its first move. Its threshold stays 0, which means "not set yet": the step perturbs such a
+leaf densely and sets its threshold to the ``(1 - sparsity)`` quantile of ``|theta|`` at
+the first step where that quantile is positive (computed on those steps only, under a
+``lax.cond``), from which on it is masked like the others.
+
 The engine moves the params in place, so by the second pass ``|theta|`` has changed
 where the first pass moved it. The mask of the step is therefore computed once, before
 the first pass (:meth:`SparseMeZO.prepare`), and carried through the passes bit-packed:
@@ -38,7 +45,8 @@ _BITS = 32
 
 
 class SparseMeZOState(NamedTuple):
-  """Sparse MeZO's state: one magnitude threshold per masked leaf (``inf``: not masked)."""
+  """Sparse MeZO's state: one magnitude threshold per masked leaf (``inf``: not masked; 0:
+  not set yet, the leaf had no spread so far and is perturbed densely)."""
 
   thresholds: jax.Array
 
@@ -94,18 +102,40 @@ class SparseMeZO(spsa.SPSA):
          if _masked(p) else jnp.asarray(jnp.inf, dtype) for p in leaves]
     return SparseMeZOState(thresholds=jnp.stack(h) if h else jnp.zeros([0], dtype))
 
+  def in_effect(self, hyper, count, params, state):
+    dtype = state.thresholds.dtype
+    return {**super().in_effect(hyper, count, params, state),
+            "quantile": 1 - jnp.asarray(hyper["sparsity"], dtype)}
+
   def prepare(self, leaves, state, hyper):
     if state.thresholds.shape[0] != len(leaves):
       raise ValueError(f"the Sparse MeZO state has {state.thresholds.shape[0]} thresholds "
                        f"but the params have {len(leaves)} leaves: is the optimizer state "
                        "from another model?")
-    return [pack(jnp.abs(jnp.asarray(p, _compare_dtype(p)))
-                 <= state.thresholds[i].astype(_compare_dtype(p)))
-            if _masked(p) else None for i, p in enumerate(leaves)]
+    masks, thresholds = [], []
+    for i, p in enumerate(leaves):
+      h = state.thresholds[i]
+      if not _masked(p):
+        masks.append(None)
+        thresholds.append(h)
+        continue
+      a = jnp.abs(jnp.asarray(p, _compare_dtype(p)))
+      # A threshold not set yet (0): the quantile of the current |theta|, computed only on
+      # the steps that need it; still 0 (no spread yet): the leaf is perturbed densely.
+      h = jax.lax.cond(h == 0,
+                       lambda a=a, h=h: jnp.quantile(a.ravel(), hyper["quantile"]).astype(h.dtype),
+                       lambda h=h: h)
+      masks.append(pack((a <= h.astype(a.dtype)) | (h == 0)))
+      thresholds.append(h)
+    return masks, jnp.stack(thresholds) if thresholds else state.thresholds
 
   def direction_leaf(self, noise, state, hyper, words, i, leaf):
     z = words.noise(noise.sampler, i, leaf)
-    packed = noise.prepared[i]
+    packed = noise.prepared[0][i]
     if packed is None:
       return z
     return jnp.where(unpack(packed, z.shape), z, jnp.zeros((), z.dtype))
+
+  def estimate(self, noise, state, hyper, params, measured):
+    g, _, stats = super().estimate(noise, state, hyper, params, measured)
+    return g, SparseMeZOState(thresholds=noise.prepared[1]), stats
