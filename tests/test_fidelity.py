@@ -88,9 +88,14 @@ def test_zo_muon_decays_selected_vectors_at_the_vector_rate():
 # --- optimizer states and hyperparameters ------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["mezo", "hizoo", "zo_muon"])
+@pytest.mark.parametrize("name", ["mezo", "hizoo", "zo_muon", "chain"])
 def test_a_foreign_optimizer_state_is_refused_by_name(name):
-  tx = getattr(hz, name)(1e-3)
+  """An Adam state handed to a zeroth-order optimizer's update: a TypeError naming the
+  fix, not an AttributeError from inside the chain."""
+  if name == "chain":
+    tx = optax.chain(hz.scale_by_zo(), optax.sgd(1e-3))
+  else:
+    tx = getattr(hz, name)(1e-3)
   with pytest.raises(TypeError, match=r"tx\.init\(params\)"):
     tx.update(None, optax.adam(1e-3).init(PARAMS), PARAMS, value_fn=loss)
 

@@ -195,7 +195,9 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
                 **extra_args):
     del updates, extra_args  # ZO transforms measure the loss themselves.
     if not is_zo_state(state):
-      raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}")
+      raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}: "
+                      "build the optimizer state with state = tx.init(params) from this very "
+                      "optimizer (another optimizer's state cannot be reused)")
     cfg.check_params(params)
     method = resolved(params, state)
     _check_state(method, hyper, state, params)
