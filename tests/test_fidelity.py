@@ -183,28 +183,26 @@ def lora_problem():
 
 
 def test_sparse_mezo_trains_a_zero_initialised_lora_b():
-  """``lora_b`` is all zeros at init, so its quantile threshold is 0: it is perturbed
-  densely until it has spread, its threshold then set from its values (not left at 0,
-  which would mask it out after its first move): the step that sets it moves the
-  ``1 - sparsity`` share of its smallest entries, and it keeps training after that."""
+  """``lora_b`` is all zeros at init: its quantile threshold would be 0, which masks it to
+  its exact zeros, out of the step after its first move. A matrix with no spread is
+  perturbed whole instead (threshold ``inf``) and keeps training at every step, while
+  ``lora_a`` keeps its quantile mask (the ``1 - sparsity`` share of its entries)."""
   params, loss_of = lora_problem()
   sparsity = 0.5
   tx = hz.sparse_mezo(1e-2, mu=1e-3, sparsity=sparsity)
   state = tx.init(params)
   names = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  is_a = np.array(["lora_a" in n for n in names])
   is_b = np.array(["lora_b" in n for n in names])
-  assert is_b.any()
-  h0 = np.asarray(otu.tree_get(state, "thresholds"))
-  assert np.all(h0[is_b] == 0)  # no spread at init
-  step = jax.jit(lambda s, p: tx.update(None, s, p, value_fn=loss_of))
-  moved = []
-  for _ in range(5):
-    updates, state = step(state, params)
-    moved.append([float(np.mean(np.asarray(u) != 0)) for u in jax.tree.leaves(updates)])
-    params = optax.apply_updates(params, updates)
+  assert is_a.any() and is_b.any()
   h = np.asarray(otu.tree_get(state, "thresholds"))
-  assert np.all(h[is_b] > 0)
-  for k in np.flatnonzero(is_b):
-    assert moved[0][k] == 1.0  # dense while it had no spread
-    assert moved[1][k] == 1 - sparsity  # 20 entries, the 10 at or below their median
-    assert all(moved[t][k] > 0 for t in range(2, 5)), (names[k], moved)
+  assert np.all(np.isinf(h[is_b])) and np.all(np.isfinite(h[is_a]) & (h[is_a] > 0))
+  step = jax.jit(lambda s, p: tx.update(None, s, p, value_fn=loss_of))
+  for _ in range(3):
+    updates, state = step(state, params)
+    moved = [float(np.mean(np.asarray(u) != 0)) for u in jax.tree.leaves(updates)]
+    params = optax.apply_updates(params, updates)
+    for k in np.flatnonzero(is_b):
+      assert moved[k] == 1.0, (names[k], moved[k])
+    for k in np.flatnonzero(is_a):  # the entries at or below the initial median
+      assert 0.2 <= moved[k] <= 0.8, (names[k], moved[k])

@@ -591,7 +591,9 @@ def scale_by_sparse_mezo(
   per weight matrix, with ``h`` the ``(1 - sparsity)`` quantile of ``|theta|`` at ``init``
   (``sparsity = 0.8``: the 20% smallest weights of each matrix are perturbed and
   updated); the mask is recomputed from the params at every step. Leaves with fewer than
-  two dimensions are perturbed whole.
+  two dimensions are perturbed whole, and so are matrices whose quantile is 0 at ``init``
+  (no spread: LoRA's ``B``, a zero-initialised head), which a zero threshold would mask out
+  after their first move.
 
   Args:
     mu: perturbation scale (> 0), MeZO's default ``1e-3``.
