@@ -206,3 +206,27 @@ def test_sparse_mezo_trains_a_zero_initialised_lora_b():
       assert moved[k] == 1.0, (names[k], moved[k])
     for k in np.flatnonzero(is_a):  # the entries at or below the initial median
       assert 0.2 <= moved[k] <= 0.8, (names[k], moved[k])
+
+
+# --- the low-rank factors on the reference's side ----------------------------------------
+
+
+def test_low_rank_factors_lie_on_the_references_rows():
+  """LOZO's fresh ``U`` and ZO-Muon's subspace ``P`` lie along PyTorch's ``out`` axis: the
+  last axis of a Flax kernel ``[in, out]``, axis -2 of an embedding table (``[num,
+  features]``, PyTorch's layout) and of every matrix with ``layout="torch"``; LOZO's lazy
+  ``V`` along the other. (The float64 references of tests/test_lowrank.py check the
+  values.)"""
+  params = {"dense": {"kernel": jnp.ones((4, 6))}, "embed": {"embedding": jnp.ones((7, 4))},
+            "bias": jnp.ones((6,))}
+  order = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  kernel, table = order.index("['dense']['kernel']"), order.index("['embed']['embedding']")
+  for layout, kernel_rows, kernel_cols in (("flax", 6, 4), ("torch", 4, 6)):
+    v = hz.lozo(1e-3, rank=2, momentum=0.9, layout=layout).init(params)[0].method
+    assert v.v[kernel].shape == (kernel_cols, 2)  # V over the columns
+    assert v.momentum[kernel].shape == (kernel_rows, 2)  # M lives with U, over the rows
+    assert v.v[table].shape == (4, 2) and v.momentum[table].shape == (7, 2)
+    p = hz.zo_muon(1e-3, rank=2, layout=layout).init(params)[0].method.p
+    assert p[kernel].shape == (kernel_rows, 2) and p[table].shape == (7, 2)
+  with pytest.raises(ValueError, match="layout"):
+    hz.lozo(1e-3, layout="jax")
