@@ -647,8 +647,8 @@ def scale_by_lozo(
       injected or scheduled.
     mu_resolution: as in :func:`scale_by_zo`.
     layout: where a matrix leaf holds the reference's rows (PyTorch's ``out``): ``"flax"``
-      (default) on the last axis of every matrix leaf but embedding tables (a key named
-      ``embedding`` in the leaf's path: ``[num_embeddings, features]``, PyTorch's layout);
+      (default) on the last axis of every matrix leaf but embedding tables (a leaf whose
+      path ends in a key ``embedding``: ``[num_embeddings, features]``, PyTorch's layout);
       ``"torch"``: on axis -2 of every matrix leaf (weights kept as ``[out, in]``).
     sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`); the
       factors are Gaussian.

@@ -11,7 +11,7 @@ and draw LOZO's fresh factor and ZO-Muon's subspace over the rows, ``out``. A Fl
 (``nnx.Linear``, ``linen.Dense``, this library's models) is ``[in, out]``: its ``out`` is
 the last axis. The ``layout`` option of those methods says where the reference's rows are:
 ``"flax"`` (default) on the last axis of every matrix leaf but embedding tables (leaves
-whose path has a key ``embedding``: ``[num_embeddings, features]`` as in PyTorch), on
+whose path ends in a key ``embedding``: ``[num_embeddings, features]`` as in PyTorch), on
 axis -2 for those; ``"torch"`` on axis -2 of every matrix leaf. :func:`rows_last` gives the
 answer per leaf.
 
@@ -55,7 +55,12 @@ def check_options(rank, hyper, layout: str = "flax") -> None:
 
 
 def _is_embedding(path) -> bool:
-  return any(getattr(k, "key", getattr(k, "name", None)) == "embedding" for k in path)
+  """Whether a leaf's path ends in a key ``embedding`` (``nnx.Embed``, ``linen.Embed``),
+  an NNX variable's trailing ``.value`` aside."""
+  names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+  if names and names[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+    names = names[:-1]
+  return bool(names) and names[-1] == "embedding"
 
 
 def rows_last(params: Any, layout: str) -> tuple[bool, ...]:
