@@ -278,8 +278,9 @@ zo_muon = _alias(
     "arXiv 2602.17155, 2026.",
     extra="""
 
-  Vectors step at ``vector_scale`` times the learning rate, and so do their weight decay
-  when ``weight_decay_mask`` selects them: ``lr * vector_scale * weight_decay * theta``,
-  the reference trainer's ``1e-7 * weight_decay``. The default mask decays no vector, as
-  the reference does on OPT (whose vectors are all biases and layer norms).""",
+  Vectors step at ``vector_scale`` times the learning rate, and so does their weight decay
+  when ``weight_decay_mask`` selects them: ``lr * vector_scale * weight_decay * theta``
+  (the reference trainer's ``1e-7 * weight_decay`` at its ``lr = 1e-2``). The default
+  mask decays no vector, as the reference does on OPT (whose vectors are all biases and
+  layer norms).""",
     scaled_vectors=True)
