@@ -1,13 +1,18 @@
-"""Named settings: HiZOO's (the library's defaults, the reference scripts', and the
+"""Named settings: HiZOO's (the library's defaults, the reference READMEs', and the
 recommended ones, with ``alpha`` set by size), and the measured best of the forward-pass
 matched benchmark (:func:`mezo`, :func:`fzoo`, :func:`decay_to_floor`).
 
 The paper (Zhao et al., ICLR 2025) gives ``mu = 1e-3`` for full fine-tuning and LoRA
 (``1e-1`` for prefix tuning) in its hyperparameter tables but no value of the smoothing
 ``alpha``: its ablation only says that the best ``alpha`` depends on the dataset. The
-public reference scripts use ``alpha = 1e-6`` for full fine-tuning and prefix tuning and
-``1e-10`` for LoRA (:data:`REFERENCE_FT`, :data:`REFERENCE_LORA`). :data:`PAPER` is the
-library's default, ``alpha = 1e-8``, with ``mu = 1e-3`` and the paper estimator::
+reference code (Yanjun-Zhao/HiZOO) does not settle it either: its 2024 RoBERTa README
+uses ``alpha = 1e-6`` for full fine-tuning and prefix tuning and ``1e-10`` for LoRA
+(:data:`REFERENCE_FT`, :data:`REFERENCE_LORA`); its 2024 OPT README the reverse (``1e-10``
+for full fine-tuning and prefix tuning, ``1e-6`` for LoRA); its current README (Feb 2025)
+``1e-8`` for OPT-13B full fine-tuning; and its current ``HiZOO.sh`` and ``run.py`` default to
+``alpha = 0`` (``constant0``: ``H`` stays at 1, MeZO with one more forward pass).
+:data:`PAPER` is the library's default, ``alpha = 1e-8``, with ``mu = 1e-3`` and the paper
+estimator::
 
     tx = hz.hizoo(1e-6, **hz.presets.REFERENCE_FT)
 
@@ -25,7 +30,7 @@ d`` must stay O(1); a much smaller ``alpha d`` makes ``H`` (and the step size) a
 (alpha d)`` times more slowly. ``SMOOTHING_PER_PARAM = 0.5`` gives ``alpha = 0.25`` on the
 paper's 2-D test functions and ``1.9e-5`` on the 26k-parameter digits MLP, and both converge
 (``notebooks/01_test_functions.ipynb``, ``notebooks/03_ablations.ipynb``); on a
-3.5e8-parameter model it gives ``1.4e-9``, between the reference scripts' ``1e-6`` and
+3.5e8-parameter model it gives ``1.4e-9``, between the reference READMEs' ``1e-6`` and
 ``1e-10``. Why ``mu =
 1e-2``: at that fixed point the second difference ``l+ + l- - 2 l0`` is about ``2 mu^2``
 whatever ``d``; in float32 it must exceed a few ``eps |l|`` to be measured, which ``mu =
@@ -51,13 +56,15 @@ the paper does not state (see the module docstring); pass as ``hz.hizoo(lr, **PA
 
 REFERENCE_FT: Mapping[str, Any] = MappingProxyType(
     dict(mu=1e-3, hessian_smoothing=1e-6, estimator="paper", hessian_clip=(1e-8, 1e8)))
-"""The public reference scripts' full fine-tuning settings (``alpha = 1e-6``; their prefix
-tuning uses the same ``alpha`` with ``mu = 1e-1``). On the digits MLP this ``alpha`` was
-HiZOO's best of the three measured (docs/results/choosing.md)."""
+"""The full fine-tuning settings of the reference code's 2024 RoBERTa README (``alpha =
+1e-6``; its prefix tuning uses the same ``alpha`` with ``mu = 1e-1``; its OPT README uses
+``1e-10`` there, its current README ``1e-8``: see the module docstring). On the digits MLP
+this ``alpha`` was HiZOO's best of the three measured (docs/results/choosing.md)."""
 
 REFERENCE_LORA: Mapping[str, Any] = MappingProxyType(
     dict(mu=1e-3, hessian_smoothing=1e-10, estimator="paper", hessian_clip=(1e-8, 1e8)))
-"""The public reference scripts' LoRA settings (``alpha = 1e-10``)."""
+"""The LoRA settings of the reference code's 2024 RoBERTa README (``alpha = 1e-10``; its
+OPT README uses ``1e-6`` for LoRA: see the module docstring)."""
 
 SMOOTHING_PER_PARAM = 0.5
 """``alpha * d`` of the recommended settings (``d``: number of parameters)."""

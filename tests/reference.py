@@ -89,7 +89,9 @@ def ref_step(
     for k in theta:
       g[k] = g[k] + proj * s[k] * z[k]
   g = {k: v / max(n_valid, 1) for k, v in g.items()}
-  new_theta = {k: theta[k] - lr * (g[k] + weight_decay * theta[k]) for k in theta}
+  # Weight decay on the matrices only (the reference trainers skip biases and norms).
+  new_theta = {k: theta[k] - lr * (g[k] + (weight_decay if theta[k].ndim >= 2 else 0.0)
+                                   * theta[k]) for k in theta}
   loss = l0 if l0 is not None else float(np.mean((np.array(lps) + np.array(lms)) / 2))
   info = dict(loss=loss, loss_plus=np.array(lps), loss_minus=np.array(lms),
               skipped_directions=len(zs) - n_valid, skipped_hessian_updates=skipped_h, g=g)

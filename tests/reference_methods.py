@@ -46,8 +46,10 @@ def fzoo_step(theta: dict, f, us: list[dict], mu: float):
 
 
 def sparse_threshold(theta0: np.ndarray, sparsity: float) -> float:
-  """``h``: the ``(1 - sparsity)`` quantile of ``|theta0|`` (linear interpolation)."""
-  return float(np.quantile(np.abs(theta0), 1.0 - sparsity))
+  """``h``: the ``(1 - sparsity)`` quantile of ``|theta0|`` (linear interpolation); ``inf``
+  (no mask) where it is 0, a matrix with no spread."""
+  h = float(np.quantile(np.abs(theta0), 1.0 - sparsity))
+  return h if h > 0 else float("inf")
 
 
 def sparse_masks(theta: dict, thresholds: dict) -> dict:

@@ -254,20 +254,36 @@ def g_max(g, lr):
 
 
 CASES = {
-    "lozo": dict(make=lambda lr: hz.lozo(lr, mu=MU, rank=RANK, resample_every=2, seed=SEED),
+    "lozo": dict(make=lambda lr, **kw: hz.lozo(lr, mu=MU, rank=RANK, resample_every=2,
+                                              seed=SEED, **kw),
                  ref=lambda: LOZORef(RANK, 2, 0.0), lr=0.05, passes=2, tol=TOL_REL),
-    "lozo_m": dict(make=lambda lr: hz.lozo(lr, mu=MU, rank=RANK, resample_every=2,
-                                           momentum=0.9, seed=SEED),
+    "lozo_m": dict(make=lambda lr, **kw: hz.lozo(lr, mu=MU, rank=RANK, resample_every=2,
+                                                momentum=0.9, seed=SEED, **kw),
                    ref=lambda: LOZORef(RANK, 2, 0.9), lr=0.05, passes=2, tol=TOL_REL),
+    # SubZero is symmetric in the two sides of a matrix: it takes no layout, and its
+    # reference runs on the leaves as they are.
     "subzero": dict(make=lambda lr: hz.subzero(lr, mu=MU, rank=RANK, resample_every=3,
                                                num_directions=2, seed=SEED),
                     ref=lambda: SubZeroRef(RANK, 3, 2), lr=0.01, passes=4, tol=TOL_REL),
-    "zo_muon": dict(make=lambda lr: hz.zo_muon(lr, mu=MU, rank=RANK, num_directions=3,
-                                               resample_every=2, vector_scale=0.5,
-                                               seed=SEED),
+    "zo_muon": dict(make=lambda lr, **kw: hz.zo_muon(lr, mu=MU, rank=RANK, num_directions=3,
+                                                    resample_every=2, vector_scale=0.5,
+                                                    seed=SEED, **kw),
                     ref=lambda: ZOMuonRef(RANK, 2, 3, 0.5), lr=0.02, passes=4,
                     tol=TOL_REL_NS),
 }
+
+# (method, layout): "flax": the params hold kernels [in, out] and the reference runs on
+# their transposes, PyTorch's [out, in]; "torch": the params hold [out, in] already.
+REFERENCE_RUNS = [(n, lay) for n in CASES for lay in ("flax", "torch") if n != "subzero"]
+REFERENCE_RUNS.append(("subzero", None))
+
+
+def reference_view(theta, layout):
+  """The params as the reference holds them: every matrix leaf transposed for "flax"
+  (none of the problem's leaves is an embedding table)."""
+  if layout != "flax":
+    return dict(theta)
+  return {k: T(v) if v.ndim >= 2 else v for k, v in theta.items()}
 
 
 def assert_close_to_reference(params, theta, scale, tol):
@@ -277,16 +293,18 @@ def assert_close_to_reference(params, theta, scale, tol):
 
 
 @pytest.mark.parametrize("path", ["update", "lean"])
-@pytest.mark.parametrize("name", list(CASES))
-def test_matches_numpy_reference(name, path):
+@pytest.mark.parametrize("name, layout", REFERENCE_RUNS)
+def test_matches_numpy_reference(name, layout, path):
   """Each step: the library's losses equal the reference's at its own float64 params (up
   to the float32 rounding of mu Z), and, given those measured losses (so that the
-  perturbation's rounding does not enter c twice), the update equals the reference's."""
+  perturbation's rounding does not enter c twice), the update equals the reference's. The
+  reference is written PyTorch's way, on weights [out, in] with the factors over their
+  rows: with ``layout="flax"`` it runs on the transposes of the library's kernels."""
   case = CASES[name]
   params_np, f_np = problem(np)
   _, f_jnp = problem(jnp)
   params = jax.tree.map(jnp.asarray, params_np)
-  tx = case["make"](case["lr"])
+  tx = case["make"](case["lr"]) if layout is None else case["make"](case["lr"], layout=layout)
   state = tx.init(params)
   if path == "update":
     update = jax.jit(tx.update, static_argnames="value_fn")
@@ -300,17 +318,18 @@ def test_matches_numpy_reference(name, path):
     def step(p, s):
       return train(p, s)[:2]
   keys, last_key = noise_keys(SEED, STEPS)
-  ref, theta, scale = case["ref"](), dict(params_np), dict.fromkeys(NAMES, 0.0)
+  f_ref = lambda th: f_np(reference_view(th, layout))  # noqa: E731
+  ref, theta, scale = case["ref"](), reference_view(params_np, layout), dict.fromkeys(NAMES, 0.0)
   for t in range(STEPS):
     params, state = step(params, state)
     measured = np.asarray(otu.tree_get(state, "losses"))
     center = float(otu.tree_get(state, "loss"))
     if name == "zo_muon":
       measured = np.concatenate([[center], measured])
-    theta, losses, size = ref.step(t, Factors(keys[t], theta), theta, f_np, case["lr"],
-                                   measured)
+    fac = Factors(keys[t], reference_view(theta, layout))  # the library's leaves
+    theta, losses, size = ref.step(t, fac, theta, f_ref, case["lr"], measured)
     scale = {k: scale[k] + size[k] for k in NAMES}  # the sum of the largest updates
-    assert_close_to_reference(params, theta, scale, case["tol"])
+    assert_close_to_reference(params, reference_view(theta, layout), scale, case["tol"])
     np.testing.assert_allclose(measured, losses, rtol=0, atol=LOSS_ATOL)
   assert int(otu.tree_get(state, "forward_passes")) == case["passes"] * STEPS
   assert int(otu.tree_get(state, "count")) == STEPS
@@ -327,11 +346,14 @@ def test_float64_params_are_perturbed_in_float64():
   tx = hz.scale_by_lozo(mu=MU, rank=RANK, seed=SEED)
   g, state = tx.update(None, tx.init(params), params, value_fn=f_jnp)
   keys, _ = noise_keys(SEED, 1)
-  losses = LOZORef(RANK, 1, 0.0).step(0, Factors(keys[0], params_np), params_np, f_np, 1.0,
+  theta0 = reference_view(params_np, "flax")
+  f_ref = lambda th: f_np(reference_view(th, "flax"))  # noqa: E731
+  losses = LOZORef(RANK, 1, 0.0).step(0, Factors(keys[0], params_np), theta0, f_ref, 1.0,
                                       [0.0, 0.0])[1]
   np.testing.assert_allclose(otu.tree_get(state, "losses"), losses, rtol=1e-13)
-  theta = LOZORef(RANK, 1, 0.0).step(0, Factors(keys[0], params_np), params_np, f_np, 1.0,
+  theta = LOZORef(RANK, 1, 0.0).step(0, Factors(keys[0], params_np), theta0, f_ref, 1.0,
                                      losses)[0]
+  theta = reference_view(theta, "flax")
   for k in NAMES:
     want = params_np[k] - theta[k]
     np.testing.assert_allclose(g[k], want, rtol=0, atol=1e-12 * np.max(np.abs(want)))

@@ -77,8 +77,10 @@ def check_nonnegative(name: str, value: Any) -> None:
     raise TypeError(f"{name} must be a number or a schedule, got {value!r}")
   if v is None:
     return
-  if v.ndim != 0 or not (np.issubdtype(v.dtype, np.integer)
-                         or np.issubdtype(v.dtype, np.floating)) or v.dtype == np.bool_:
+  # jnp.issubdtype, not np's: a bfloat16 value (what optax.inject_hyperparams makes of a
+  # hyperparameter of bfloat16 params) is a float to JAX but not to NumPy.
+  if v.ndim != 0 or not (jnp.issubdtype(v.dtype, jnp.integer)
+                         or jnp.issubdtype(v.dtype, jnp.floating)) or v.dtype == np.bool_:
     raise TypeError(f"{name} must be a scalar number or a schedule, got {value!r}")
   if not np.isfinite(v) or v < 0:
     raise ValueError(f"{name} must be a finite number >= 0 (or a schedule), got {value!r}")
@@ -135,6 +137,7 @@ def guarded_chain(
                    skipped_bad_hyperparams=jnp.zeros([], jnp.int32)),)
 
   def update_fn(updates, state, params=None, **extra_args):
+    _check_own_state(state)
     old, guard_state = tuple(state[:-1]), state[-1]
     count = guard_state.schedule_count
     if extra_args.get("zo_probe") is not None or not guarded:
@@ -152,6 +155,19 @@ def guarded_chain(
         + (~ok).astype(jnp.int32)),)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_own_state(state: Any) -> None:
+  """Refuses a state this optimizer's ``init`` did not build (e.g. an ``optax.adam``
+  state), by name, before it fails as an attribute error inside the chain."""
+  if isinstance(state, tuple) and state and isinstance(state[-1], GuardState):
+    return
+  got = state[-1] if isinstance(state, tuple) and state else state
+  raise TypeError(
+      "tx.update got an optimizer state that this optimizer's init did not build (it ends "
+      f"in {type(got).__name__}, not the GuardState of a hizoo_jax alias): build it with "
+      "state = tx.init(params) from this very optimizer; the state of another optimizer "
+      "(optax.adam, ...) cannot be reused")
 
 
 def _nan_unless(ok: jax.Array, loss: Any) -> Any:

@@ -199,6 +199,19 @@ class Method:
   def check(self, hyper: dict[str, Any]) -> None:
     """Refuses concrete bad numeric options (ValueError/TypeError naming the argument)."""
 
+  def for_params(self, params: Any) -> Method:
+    """The method for these params (a static property of their tree: e.g. which side of
+    each matrix is which, from the leaves' paths); itself by default."""
+    del params
+    return self
+
+  def resolve(self, state: Any) -> Method:
+    """The method with the static options that arrived traced (``None``, e.g. a ``rank``
+    under ``optax.inject_hyperparams``) recovered from ``state``, the method state that
+    :meth:`init` built when they were concrete; itself by default."""
+    del state
+    return self
+
   def init(self, params: Any, hyper: dict[str, Any]) -> Any:
     """The method's own state (e.g. a Hessian estimate); ``()`` when it has none."""
     del params, hyper

@@ -73,7 +73,9 @@ class ZOState(NamedTuple):
     loss: the step's loss for logging (``l0`` where the method measures it, else the
       mean of the perturbed losses).
     losses: the values of the step's measuring passes, in order (two-sided methods:
-      ``l+_1, l-_1, l+_2, ...``).
+      ``l+_1, l-_1, l+_2, ...``). For a method that measures directional derivatives
+      (:func:`scale_by_forward_gradient`) these are not losses but the derivatives
+      ``grad f . z_j``, one per direction; its ``loss`` is ``f(theta)``.
     skipped_directions: probes dropped so far because a value was not finite.
     projected: the step's directional-derivative estimate, averaged over its probes (MeZO:
       ``(l+ - l-) / (2 mu)``; for a zeroth-order run it stands where a first-order run
@@ -151,17 +153,21 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
   method.check(hyper)
   cfg.check_seed(seed)
 
-  def resolved(state=None) -> m.Method:
-    """The method with its static number of probes: from the options, or (traced under
-    inject_hyperparams) from the shape of the state that init built when it was concrete."""
-    if method.num_probes is not None:
-      return method
+  def resolved(params, state=None) -> m.Method:
+    """The method for these params, with its static options: from the options, or (traced
+    under inject_hyperparams: the number of probes, a low-rank method's rank) from the
+    shapes of the state that init built when they were concrete."""
+    method_ = method.for_params(params)
+    if state is not None:
+      method_ = method_.resolve(state.method)
+    if method_.num_probes is not None:
+      return method_
     if state is None:
       raise TypeError(
           "num_directions must be a concrete int at init; under optax.inject_hyperparams "
           "pass static_args=('num_directions',)")
-    per_probe = dataclasses.replace(method, num_probes=1).num_measured
-    return dataclasses.replace(method, num_probes=state.losses.shape[0] // per_probe)
+    per_probe = dataclasses.replace(method_, num_probes=1).num_measured
+    return dataclasses.replace(method_, num_probes=state.losses.shape[0] // per_probe)
 
   def keys_of(state, key=None):
     """``(noise key of this step, key of the next state)``."""
@@ -173,7 +179,7 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
 
   def init_fn(params):
     cfg.check_params(params)
-    method_ = resolved()
+    method_ = resolved(params)
     dtype = numerics.loss_dtype(params)
     count = jnp.zeros([], jnp.int32)
     state = method_.init(params, hyper)
@@ -197,9 +203,11 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
                 **extra_args):
     del updates, extra_args  # ZO transforms measure the loss themselves.
     if not is_zo_state(state):
-      raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}")
+      raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}: "
+                      "build the optimizer state with state = tx.init(params) from this very "
+                      "optimizer (another optimizer's state cannot be reused)")
     cfg.check_params(params)
-    method = resolved(state)
+    method = resolved(params, state)
     _check_state(method, hyper, state, params)
     num_measured = method.num_measured
     in_effect = method.in_effect(hyper, state.count, params, state.method)
@@ -554,6 +562,9 @@ def scale_by_forward_gradient(
   the tangent tree is params-sized and exists during the step (the zeroth-order methods
   perturb in place and hold none).
 
+  The state's ``losses`` field holds the step's directional derivatives ``grad f . z_j``
+  (not losses), and ``loss`` the loss ``f(theta)`` from the first ``jax.jvp``.
+
   Args:
     num_directions: directions ``n`` averaged per step.
     sampler: default :data:`hizoo_jax.fast_gaussian`; any sampler works.
@@ -588,7 +599,9 @@ def scale_by_sparse_mezo(
   per weight matrix, with ``h`` the ``(1 - sparsity)`` quantile of ``|theta|`` at ``init``
   (``sparsity = 0.8``: the 20% smallest weights of each matrix are perturbed and
   updated); the mask is recomputed from the params at every step. Leaves with fewer than
-  two dimensions are perturbed whole.
+  two dimensions are perturbed whole, and so are matrices whose quantile is 0 at ``init``
+  (no spread: LoRA's ``B``, a zero-initialised head), which a zero threshold would mask out
+  after their first move.
 
   Args:
     mu: perturbation scale (> 0), MeZO's default ``1e-3``.
@@ -617,6 +630,7 @@ def scale_by_lozo(
     resample_every: int = 50,
     momentum: float = 0.0,
     mu_resolution: float = 0.0,
+    layout: str = "flax",
     sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
     seed: int | jax.Array = 0,
 ) -> optax.GradientTransformationExtraArgs:
@@ -628,14 +642,22 @@ def scale_by_lozo(
   ``M V^T`` for a momentum ``M = beta M + (1 - beta) c U`` kept in the ``[m, r]`` factor
   space (vectors: a leaf-sized momentum), carried over to a redrawn ``V`` as
   ``M V_old^T V / n``. Two forward passes a step; the perturbation is formed inside the
-  passes, never stored at params size.
+  passes, never stored at params size. ``m`` and ``n`` are the rows and columns of the
+  reference's PyTorch weight ``[out, in]``: on a Flax kernel ``[in, out]`` the fresh ``U``
+  lies along ``out`` (the last axis) and the lazy ``V`` along ``in`` (``layout``).
 
   Args:
     mu: perturbation scale (> 0); the reference code's ``1e-3``.
     rank: ``r`` (clipped to each matrix's smaller dimension); the reference code's 2.
     resample_every: steps between redraws of ``V`` (``nu``); the reference code's 50.
     momentum: LOZO-M's ``beta`` in [0, 1); 0 is LOZO. The reference scripts use 0.9.
+      Whether it is 0 is fixed at ``init`` (it decides the state); its value may be
+      injected or scheduled.
     mu_resolution: as in :func:`scale_by_zo`.
+    layout: where a matrix leaf holds the reference's rows (PyTorch's ``out``): ``"flax"``
+      (default) on the last axis of every matrix leaf but embedding tables (a leaf whose
+      path ends in a key ``embedding``: ``[num_embeddings, features]``, PyTorch's layout);
+      ``"torch"``: on axis -2 of every matrix leaf (weights kept as ``[out, in]``).
     sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`); the
       factors are Gaussian.
     seed: int seed or PRNG key; the state carries the key and advances it every step.
@@ -645,10 +667,11 @@ def scale_by_lozo(
     Structures", ICLR 2025.
   """
   sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  beta = cfg.concrete(momentum)
   method = lozo_method.LOZO(sampler=sampler, key_impl=cfg.key_impl_of(seed), num_probes=1,
-                            rank=_static_int("rank", rank),
-                            momentum=_static_float("momentum", momentum))
-  return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
+                            rank=_static_int("rank", rank), layout=layout,
+                            with_momentum=None if beta is None else bool(beta != 0))
+  return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution, momentum=momentum,
                                    resample_every=resample_every), seed)
 
 
@@ -697,6 +720,7 @@ def scale_by_zo_muon(
     resample_every: int = 100,
     vector_scale: float = 1e-5,
     mu_resolution: float = 0.0,
+    layout: str = "flax",
     sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
     seed: int | jax.Array = 0,
 ) -> optax.GradientTransformationExtraArgs:
@@ -706,7 +730,9 @@ def scale_by_zo_muon(
   steps) and ``q`` one-sided probes ``l_i = f(theta + mu P u_i)``, ``u_i [r, n]``:
   ``g = P NS5(R)``, ``R = 1/q sum_i (l_i - l0) / mu u_i``, with Muon's Newton-Schulz
   orthogonalisation ``NS5`` of the small ``r x n`` estimate. Vectors get ``vector_scale``
-  times the one-sided estimate. ``q + 1`` forward passes a step.
+  times the one-sided estimate. ``q + 1`` forward passes a step. ``m`` and ``n`` are the
+  rows and columns of the reference's PyTorch weight ``[out, in]``: on a Flax kernel ``[in,
+  out]`` the subspace ``P`` lies along ``out`` (the last axis; ``layout``).
 
   Args:
     mu: perturbation scale (> 0); the reference code's ``1e-3``.
@@ -716,6 +742,7 @@ def scale_by_zo_muon(
     vector_scale: the vectors' estimate relative to the matrices' (the reference's
       vector learning rate 1e-7 over its matrix learning rate 1e-2).
     mu_resolution: as in :func:`scale_by_zo`.
+    layout: where a matrix leaf holds the reference's rows, as in :func:`scale_by_lozo`.
     sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`).
     seed: int seed or PRNG key; the state carries the key and advances it every step.
 
@@ -725,26 +752,16 @@ def scale_by_zo_muon(
   sampler = cfg.check_sampler(sampler, needs_gaussian=False)
   method = zo_muon_method.ZOMuon(sampler=sampler, key_impl=cfg.key_impl_of(seed),
                                  num_probes=_probes(num_directions),
-                                 rank=_static_int("rank", rank),
-                                 vector_scale=_static_float("vector_scale", vector_scale))
+                                 rank=_static_int("rank", rank), layout=layout)
   return zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
-                                   resample_every=resample_every), seed)
+                                   resample_every=resample_every, vector_scale=vector_scale),
+                      seed)
 
 
-def _static_int(name: str, value: Any) -> int:
-  v = cfg.check_int(name, value, 1)
-  if v is None:
-    raise TypeError(f"{name} must be a concrete int (it shapes the state); under "
-                    f"optax.inject_hyperparams list it in static_args")
-  return v
-
-
-def _static_float(name: str, value: Any) -> float:
-  try:
-    return float(value)
-  except jax.errors.ConcretizationTypeError:
-    raise TypeError(f"{name} must be a concrete number (a static option of the method); "
-                    f"under optax.inject_hyperparams list it in static_args") from None
+def _static_int(name: str, value: Any) -> int | None:
+  """A static int option (it shapes the state), or None when it arrives traced (under
+  ``optax.inject_hyperparams``): the method then recovers it from the state's shapes."""
+  return cfg.check_int(name, value, 1)
 
 
 HIZOO_OPTIONS: tuple[inspect.Parameter, ...] = tuple(

@@ -6,6 +6,15 @@ stacked layers; a conv kernel ``[kh, kw, cin, cout]`` is ``kh kw`` matrices ``ci
 cout``), each with its own factors; smaller leaves (biases, norms) get the method's rule
 for vectors. The rank is clipped to ``min(m, n)`` per leaf.
 
+Which side of a matrix is which. The reference codes hold PyTorch weights ``[out, in]``
+and draw LOZO's fresh factor and ZO-Muon's subspace over the rows, ``out``. A Flax kernel
+(``nnx.Linear``, ``linen.Dense``, this library's models) is ``[in, out]``: its ``out`` is
+the last axis. The ``layout`` option of those methods says where the reference's rows are:
+``"flax"`` (default) on the last axis of every matrix leaf but embedding tables (leaves
+whose path ends in a key ``embedding``: ``[num_embeddings, features]`` as in PyTorch), on
+axis -2 for those; ``"torch"`` on axis -2 of every matrix leaf. :func:`rows_last` gives the
+answer per leaf.
+
 ``outer(A, B) = A B^T`` is written as a broadcast product summed over the rank, not as a
 matmul: XLA fuses it into the pass that adds it to the params (measured: 0 bytes of
 temporaries for a 1024 x 1024 leaf at rank 4 and 64, where ``A @ B.T`` materialises the
@@ -29,12 +38,44 @@ from hizoo_jax._src import sampling
 FACTOR_TAG = 0x4C524B31  # "LRK1"
 
 
-def check_options(rank, hyper) -> None:
-  """The options every low-rank method takes: ``mu``, ``rank`` and ``resample_every``."""
+LAYOUTS = ("flax", "torch")
+
+
+def check_options(rank, hyper, layout: str = "flax") -> None:
+  """The options every low-rank method takes: ``mu``, ``rank`` (None: traced, recovered
+  from the state), ``resample_every`` and ``layout``."""
   cfg.check_positive("mu", hyper["mu"])
   cfg.check_nonnegative("mu_resolution", hyper.get("mu_resolution", 0.0))
-  cfg.check_int("rank", rank, 1)
+  if rank is not None:
+    cfg.check_int("rank", rank, 1)
   cfg.check_int("resample_every", hyper["resample_every"], 1)
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS} (where a matrix leaf holds the "
+                     f"reference's rows, PyTorch's out axis), got {layout!r}")
+
+
+def _is_embedding(path) -> bool:
+  """Whether a leaf's path ends in a key ``embedding`` (``nnx.Embed``, ``linen.Embed``),
+  an NNX variable's trailing ``.value`` aside."""
+  names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+  if names and names[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+    names = names[:-1]
+  return bool(names) and names[-1] == "embedding"
+
+
+def rows_last(params: Any, layout: str) -> tuple[bool, ...]:
+  """Per flat leaf of ``params``: whether the reference's rows (PyTorch's ``out`` axis, over
+  which LOZO draws its fresh factor and ZO-Muon its subspace) are the leaf's last axis.
+  ``"torch"``: never; ``"flax"``: for every leaf but embedding tables."""
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  return tuple(layout == "flax" and not _is_embedding(path) for path, _ in flat)
+
+
+def rank_in_state(factors: tuple) -> int:
+  """The ``rank`` option that built the factors ``[..., k, r]`` of a state (their largest
+  ``r``): it gives every leaf the same clipped rank as the option did."""
+  ranks = [int(jnp.shape(f)[-1]) for f in factors if f is not None]
+  return max(ranks, default=1)
 
 
 def is_matrix(leaf) -> bool:

@@ -6,6 +6,10 @@ Low-Rank Structures", ICLR 2025; the reference code optsuite/LOZO)::
     V     = fresh N(0, 1) [n, r] every nu-th step (stored between), else the stored V
     U     = fresh N(0, 1) [m, r] every step
     Z     = U V^T                 (matrices; vectors: a full Gaussian z)
+
+with ``m`` the rows of the reference's PyTorch weight ``[out, in]`` (its ``out``) and ``n``
+its columns: on a Flax kernel ``[in, out]`` the leaf holds ``Z^T = V U^T``
+(:func:`hizoo_jax._src.methods.lowrank.rows_last`, the ``layout`` option).
     c     = (f(theta + mu Z) - f(theta - mu Z)) / (2 mu)
     g     = c Z                                              (LOZO)
     M     = beta M + (1 - beta) c U,  g = M V^T              (LOZO-M, momentum in factor space)
@@ -27,7 +31,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
+from hizoo_jax._src import numerics
 from hizoo_jax._src.methods import lowrank as lr
 from hizoo_jax._src.methods import spsa
 
@@ -36,10 +42,10 @@ class LOZOState(NamedTuple):
   """LOZO's state, one entry per params leaf.
 
   Attributes:
-    v: the lazily resampled right factor ``V [..., n, r]`` of each matrix leaf (None for
-      vectors).
-    momentum: LOZO-M's momentum, ``[..., m, r]`` for matrices and leaf-shaped for vectors
-      (an empty tuple without momentum).
+    v: the lazily resampled factor ``V [..., n, r]`` of each matrix leaf, over the
+      reference's columns (None for vectors).
+    momentum: LOZO-M's momentum, ``[..., m, r]`` over the reference's rows for matrices
+      and leaf-shaped for vectors (an empty tuple without momentum).
   """
 
   v: tuple
@@ -48,11 +54,15 @@ class LOZOState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class LOZO(m.Method):
-  """LOZO's method object (``momentum`` > 0: LOZO-M)."""
+  """LOZO's method object (LOZO-M when ``with_momentum``; its ``beta`` is the numeric
+  option ``momentum``). ``rank`` None: traced, recovered from the state; ``rows_last``:
+  per leaf, set from the params by :meth:`for_params`."""
 
   name = "lozo"
-  rank: int = 2
-  momentum: float = 0.0
+  rank: int | None = 2
+  with_momentum: bool | None = False
+  layout: str = "flax"
+  rows_last: tuple | None = None
 
   @property
   def serial_products(self) -> bool:
@@ -60,77 +70,114 @@ class LOZO(m.Method):
     return self.rank > lr.FUSED_RANK
 
   def check(self, hyper):
-    lr.check_options(self.rank, hyper)
-    if not 0.0 <= self.momentum < 1.0:
-      raise ValueError(f"momentum must lie in [0, 1), got {self.momentum!r}")
+    lr.check_options(self.rank, hyper, self.layout)
+    beta = cfg.concrete(hyper["momentum"])
+    if beta is not None and (beta.ndim != 0 or not 0.0 <= float(beta) < 1.0):
+      raise ValueError(f"momentum must lie in [0, 1), got {hyper['momentum']!r}")
 
-  def _v_shape(self, p):
-    return jnp.shape(p)[:-2] + (jnp.shape(p)[-1], lr.rank_of(p, self.rank))
+  def for_params(self, params):
+    return dataclasses.replace(self, rows_last=lr.rows_last(params, self.layout))
 
-  def _u_shape(self, p):
-    return jnp.shape(p)[:-1] + (lr.rank_of(p, self.rank),)
+  def resolve(self, state):
+    rank = lr.rank_in_state(state.v) if self.rank is None else self.rank
+    on = state.momentum != () if self.with_momentum is None else self.with_momentum
+    return dataclasses.replace(self, rank=rank, with_momentum=on)
+
+  def _sides(self, i, p):
+    """``(rows, columns)`` of matrix leaf ``i`` in the reference's sense."""
+    a, b = jnp.shape(p)[-2:]
+    return (b, a) if self.rows_last[i] else (a, b)
+
+  def _v_shape(self, i, p):
+    return jnp.shape(p)[:-2] + (self._sides(i, p)[1], lr.rank_of(p, self.rank))
+
+  def _u_shape(self, i, p):
+    return jnp.shape(p)[:-2] + (self._sides(i, p)[0], lr.rank_of(p, self.rank))
+
+  def _outer(self, i, rows, cols):
+    """The leaf-shaped ``rows cols^T`` (the reference's ``[out, in]``), transposed when the
+    leaf holds the reference's rows last."""
+    return lr.outer(cols, rows) if self.rows_last[i] else lr.outer(rows, cols)
 
   def init(self, params, hyper):
+    if self.rank is None:
+      raise TypeError("rank must be a concrete int at init (it shapes the state); under "
+                      "optax.inject_hyperparams pass it as a number, not a traced value")
+    if self.with_momentum is None:
+      raise TypeError("momentum must be a concrete number at init (0 or not decides whether "
+                      "the state holds a momentum)")
     leaves = jax.tree.leaves(params)
-    v = tuple(jnp.zeros(self._v_shape(p), lr.factor_dtype(p)) if lr.is_matrix(p) else None
-              for p in leaves)
-    if not self.momentum:
+    v = tuple(jnp.zeros(self._v_shape(i, p), lr.factor_dtype(p)) if lr.is_matrix(p) else None
+              for i, p in enumerate(leaves))
+    if not self.with_momentum:
       return LOZOState(v=v, momentum=())
-    mom = tuple(jnp.zeros(self._u_shape(p), lr.factor_dtype(p)) if lr.is_matrix(p)
-                else jnp.zeros(jnp.shape(p), lr.factor_dtype(p)) for p in leaves)
+    mom = tuple(jnp.zeros(self._u_shape(i, p), lr.factor_dtype(p)) if lr.is_matrix(p)
+                else jnp.zeros(jnp.shape(p), lr.factor_dtype(p)) for i, p in enumerate(leaves))
     return LOZOState(v=v, momentum=mom)
 
   def in_effect(self, hyper, count, params, state):
-    return {**spsa.mu_in_effect(hyper, params), "center": jnp.asarray(False),
-            "resample": lr.every(hyper["resample_every"], count),
-            "first": count == 0}
+    out = {**spsa.mu_in_effect(hyper, params), "center": jnp.asarray(False),
+           "resample": lr.every(hyper["resample_every"], count),
+           "first": count == 0}
+    if self.with_momentum:
+      # beta and 1 - beta, the latter computed in Python when beta is concrete (as a float
+      # option always was), in the loss dtype when traced (optax.inject_hyperparams).
+      dtype = numerics.loss_dtype(params)
+      beta = cfg.concrete(hyper["momentum"])
+      beta = jnp.asarray(hyper["momentum"], dtype) if beta is None else float(beta)
+      out["momentum"] = jnp.asarray(beta, dtype)
+      out["momentum_rest"] = jnp.asarray(1 - beta, dtype)
+    return out
 
   def _factors(self, noise, state, hyper, words, i, p):
     """``(U, V)`` of matrix leaf ``i`` at this step."""
-    fresh = lr.resampled(noise.noise_key, i, p, self._v_shape(p))
+    fresh = lr.resampled(noise.noise_key, i, p, self._v_shape(i, p))
     v = jnp.where(hyper["resample"], fresh, state.v[i])
-    return lr.leaf_factor(words, i, p, self._u_shape(p)), v
+    return lr.leaf_factor(words, i, p, self._u_shape(i, p)), v
 
   def direction_leaf(self, noise, state, hyper, words, i, leaf):
     if not lr.is_matrix(leaf):
       return words.noise(noise.sampler, i, leaf)
-    return lr.outer(*self._factors(noise, state, hyper, words, i, leaf))
+    return self._outer(i, *self._factors(noise, state, hyper, words, i, leaf))
 
   def estimate(self, noise, state, hyper, params, measured):
     dtype = measured.values.dtype
     lp, lm = m.probe_values(self, measured, dtype)
     c, finite = spsa.projections(hyper, lp[0], lm[0], dtype)
     c = jax.lax.optimization_barrier(c)
-    beta = self.momentum
     words = noise.words(0)
     g, new_v, new_m = [], [], []
     for i, p in enumerate(params):
       cf = c.astype(lr.factor_dtype(p))
+      if self.with_momentum:
+        beta = hyper["momentum"].astype(lr.factor_dtype(p))
+        rest = hyper["momentum_rest"].astype(lr.factor_dtype(p))
       if lr.is_matrix(p):
         u, v = self._factors(noise, state, hyper, words, i, p)
         new_v.append(v)
-        if not self.momentum:
-          g.append(cf * lr.outer(u, v))
+        if not self.with_momentum:
+          g.append(cf * self._outer(i, u, v))
           continue
         old_v = state.v[i]
-        n = jnp.shape(p)[-1]
+        n = self._sides(i, p)[1]
         carried = state.momentum[i] @ (jnp.swapaxes(old_v, -1, -2) @ v) / n
         mom = jnp.where(hyper["resample"], carried, state.momentum[i])
-        mom = jnp.where(hyper["first"], cf * u, beta * mom + (1 - beta) * cf * u)
+        mom = jnp.where(hyper["first"], cf * u, beta * mom + rest * cf * u)
         mom = jnp.where(finite, mom, state.momentum[i])
         new_m.append(mom)
-        g.append(jnp.where(finite, lr.outer(mom, v), 0))
+        g.append(jnp.where(finite, self._outer(i, mom, v), 0))
       else:
         new_v.append(None)
         z = words.noise(noise.sampler, i, p)
-        if not self.momentum:
+        if not self.with_momentum:
           g.append(cf * z)
           continue
-        mom = jnp.where(hyper["first"], cf * z, beta * state.momentum[i] + (1 - beta) * cf * z)
+        mom = jnp.where(hyper["first"], cf * z, beta * state.momentum[i] + rest * cf * z)
         mom = jnp.where(finite, mom, state.momentum[i])
         new_m.append(mom)
         g.append(jnp.where(finite, mom, 0).astype(z.dtype))
-    new_state = LOZOState(v=tuple(new_v), momentum=tuple(new_m) if self.momentum else ())
+    new_state = LOZOState(v=tuple(new_v),
+                          momentum=tuple(new_m) if self.with_momentum else ())
     stats = dict(loss=(lp[0] + lm[0]) / 2, skipped=1 - finite.astype(jnp.int32),
                  projected=c.astype(dtype))
     return g, new_state, stats

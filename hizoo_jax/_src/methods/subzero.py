@@ -45,7 +45,7 @@ class SubZero(spsa.SPSA):
   # restore holds one more (0.23 param bytes over a forward pass instead of 0.16, measured
   # on four 256 x 256 matrices at rank 8), so it stays a pass of its own.
   restore_in_update = False
-  rank: int = 8
+  rank: int | None = 8  # None: traced (optax.inject_hyperparams), recovered from the state
 
   @property
   def serial_products(self) -> bool:
@@ -55,11 +55,19 @@ class SubZero(spsa.SPSA):
   def check(self, hyper):
     lr.check_options(self.rank, hyper)
 
+  def resolve(self, state):
+    if self.rank is not None:
+      return self
+    return dataclasses.replace(self, rank=lr.rank_in_state(state.u))
+
   def _shapes(self, p):
     shape, r = jnp.shape(p), lr.rank_of(p, self.rank)
     return shape[:-1] + (r,), shape[:-2] + (shape[-1], r), shape[:-2] + (r, r)
 
   def init(self, params, hyper):
+    if self.rank is None:
+      raise TypeError("rank must be a concrete int at init (it shapes the state); under "
+                      "optax.inject_hyperparams pass it as a number, not a traced value")
     leaves = jax.tree.leaves(params)
     shapes = [self._shapes(p) if lr.is_matrix(p) else None for p in leaves]
     return SubZeroState(

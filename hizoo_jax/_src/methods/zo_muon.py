@@ -8,6 +8,11 @@ One step with ``q`` probes (arXiv 2602.17155, 2026; the reference code OPTML-Gro
     R     = 1/q sum_i (l_i - l0) / mu * u_i                  [r, n]
     g     = P NS5(R)                                        (vectors: s/q sum_i (l_i - l0)/mu z_i)
 
+with ``m`` the rows of the reference's PyTorch weight ``[out, in]`` (its ``out``) and ``n``
+its columns: on a Flax kernel ``[in, out]`` the leaf holds the transposes, ``u_i^T P^T``
+and ``NS5(R)^T P^T`` (:func:`hizoo_jax._src.methods.lowrank.rows_last`, the ``layout``
+option).
+
 ``NS5`` is Muon's quintic Newton-Schulz iteration (5 steps, coefficients (3.4445, -4.7750,
 2.0315), on ``R / (|R|_F + 1e-7)``): an approximate orthogonalisation of the small
 ``r x n`` estimate, computed per matrix in float32 (it never touches a params-sized
@@ -16,9 +21,10 @@ array). ``q + 1`` forward passes a step.
 Vectors (biases, norms): the reference code updates them with the one-sided estimate at a
 hard-coded learning rate of 1e-7 while the matrices use the user's (1e-2 in its README):
 here their estimate is multiplied by ``vector_scale`` (default ``1e-5``, that ratio), so the
-learning rate applies to both. Unlike the reference code, one ``P`` serves every probe of
-a refresh step (the reference draws a new ``P`` for each probe on those steps and
-updates with the last one).
+learning rate applies to both (and the aliases decay selected vectors at ``vector_scale``
+times the weight decay, as the reference's ``1e-7 * weight_decay``). Unlike the reference
+code, one ``P`` serves every probe of a refresh step (the reference draws a new ``P`` for
+each probe on those steps and updates with the last one).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import jax.numpy as jnp
 
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
+from hizoo_jax._src import numerics
 from hizoo_jax._src.methods import lowrank as lr
 from hizoo_jax._src.methods import spsa
 
@@ -61,7 +68,8 @@ class ZOMuonState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ZOMuon(m.Method):
-  """ZO-Muon's method object."""
+  """ZO-Muon's method object (``vector_scale`` is a numeric option; ``rank`` None: traced,
+  recovered from the state; ``rows_last``: per leaf, set by :meth:`for_params`)."""
 
   name = "zo_muon"
   # Its moves are products P Z R formed per leaf; a restore fused into the update's pass
@@ -69,9 +77,10 @@ class ZOMuon(m.Method):
   # fused rank-64 product: 1.8 param bytes over a forward pass instead of 0.99), so each
   # move stays a pass of its own.
   restore_in_update = False
-  rank: int = 64
+  rank: int | None = 64
   num_probes: int = 4
-  vector_scale: float = 1e-5
+  layout: str = "flax"
+  rows_last: tuple | None = None
 
   @property
   def passes(self):
@@ -83,25 +92,48 @@ class ZOMuon(m.Method):
     return self.rank > lr.FUSED_RANK
 
   def check(self, hyper):
-    lr.check_options(self.rank, hyper)
-    cfg.check_nonnegative("vector_scale", self.vector_scale)
+    lr.check_options(self.rank, hyper, self.layout)
+    cfg.check_nonnegative("vector_scale", hyper["vector_scale"])
 
-  def _shapes(self, p):
+  def for_params(self, params):
+    return dataclasses.replace(self, rows_last=lr.rows_last(params, self.layout))
+
+  def resolve(self, state):
+    if self.rank is not None:
+      return self
+    return dataclasses.replace(self, rank=lr.rank_in_state(state.p))
+
+  def _shapes(self, i, p):
+    """``P [..., rows, r]`` and ``u_i^T [..., columns, r]`` in the reference's sense."""
     shape, r = jnp.shape(p), lr.rank_of(p, self.rank)
-    return shape[:-1] + (r,), shape[:-2] + (shape[-1], r)  # P, u_i^T
+    rows, cols = (shape[-1], shape[-2]) if self.rows_last[i] else shape[-2:]
+    return shape[:-2] + (rows, r), shape[:-2] + (cols, r)
+
+  def _outer(self, i, rows, cols):
+    """The leaf-shaped ``rows cols^T`` (the reference's ``[out, in]``), transposed when the
+    leaf holds the reference's rows last."""
+    return lr.outer(cols, rows) if self.rows_last[i] else lr.outer(rows, cols)
 
   def init(self, params, hyper):
-    return ZOMuonState(p=tuple(jnp.zeros(self._shapes(x)[0], lr.factor_dtype(x))
-                               if lr.is_matrix(x) else None for x in jax.tree.leaves(params)))
+    if self.rank is None:
+      raise TypeError("rank must be a concrete int at init (it shapes the state); under "
+                      "optax.inject_hyperparams pass it as a number, not a traced value")
+    return ZOMuonState(p=tuple(jnp.zeros(self._shapes(i, x)[0], lr.factor_dtype(x))
+                               if lr.is_matrix(x) else None
+                               for i, x in enumerate(jax.tree.leaves(params))))
 
   def in_effect(self, hyper, count, params, state):
+    scale = cfg.concrete(hyper["vector_scale"])
+    dtype = numerics.loss_dtype(params)
     return {**spsa.mu_in_effect(hyper, params), "center": jnp.asarray(True),
-            "resample": lr.every(hyper["resample_every"], count)}
+            "resample": lr.every(hyper["resample_every"], count),
+            "vector_scale": jnp.asarray(hyper["vector_scale"] if scale is None
+                                        else float(scale), dtype)}
 
   def _projector(self, noise, state, hyper, i, x):
     return lr.refreshed(
         hyper["resample"],
-        lambda: lr.orthonormal(lr.resampled(noise.noise_key, i, x, self._shapes(x)[0]),
+        lambda: lr.orthonormal(lr.resampled(noise.noise_key, i, x, self._shapes(i, x)[0]),
                                sign_fix=True),
         state.p[i])
 
@@ -109,7 +141,7 @@ class ZOMuon(m.Method):
     if not lr.is_matrix(leaf):
       return words.noise(noise.sampler, i, leaf)
     proj = self._projector(noise, state, hyper, i, leaf)
-    return lr.outer(proj, lr.leaf_factor(words, i, leaf, self._shapes(leaf)[1]))
+    return self._outer(i, proj, lr.leaf_factor(words, i, leaf, self._shapes(i, leaf)[1]))
 
   def estimate(self, noise, state, hyper, params, measured):
     return self.estimate_some(noise, state, hyper, params, measured, None)
@@ -132,15 +164,17 @@ class ZOMuon(m.Method):
         proj = self._projector(noise, state, hyper, i, x)
         new_p.append(proj)
         dt = lr.factor_dtype(x)
-        r_t = sum(coefs[j].astype(dt) * lr.leaf_factor(noise.words(j), i, x, self._shapes(x)[1])
-                  for j in range(self.num_probes))  # R^T [..., n, r]
+        r_t = sum(coefs[j].astype(dt)
+                  * lr.leaf_factor(noise.words(j), i, x, self._shapes(i, x)[1])
+                  for j in range(self.num_probes))  # R^T [..., columns, r]
         ortho = jnp.swapaxes(newton_schulz(jnp.swapaxes(r_t, -1, -2)), -1, -2)
-        g.append(jnp.where(n > 0, lr.outer(proj, ortho), 0))
+        g.append(jnp.where(n > 0, self._outer(i, proj, ortho), 0))
       else:
         new_p.append(None)
         acc = m.noise_zeros([x])[0]
+        scale = hyper["vector_scale"].astype(coefs.dtype)
         for j in range(self.num_probes):
-          acc = acc + (self.vector_scale * coefs[j]).astype(acc.dtype) * noise.words(j).noise(
+          acc = acc + (scale * coefs[j]).astype(acc.dtype) * noise.words(j).noise(
               noise.sampler, i, x)
         g.append(acc)
     return g, ZOMuonState(p=tuple(new_p)), dict(loss=l0, skipped=self.num_probes - n,
