@@ -7,8 +7,8 @@
 
 A table is a list of grids (task x method x options x schedules x learning rates x seeds at
 one budget of forward passes). The runner goes through them in order, skips runs whose
-result file exists, resumes runs that have a checkpoint, and takes a lock file per run, so
-two queues (on the same machine, e.g. ``--reverse`` beside a plain one) never run the same
+result is in the task's table, resumes runs that have a checkpoint, and takes a lock file per
+run, so two queues (on the same machine, e.g. ``--reverse`` beside a plain one) never run the same
 run. Kill it at any time; the same command continues.
 
 Learning rates are written as quarter-decade exponents (``lr_of(e) = 10 ** (e / 4)``); the
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-import json
 import math
 import os
 import socket
@@ -1045,11 +1044,8 @@ def claim(path: str) -> str | None:
 
 
 def load(cfg: harness.RunConfig, results: str = harness.RESULTS) -> dict | None:
-  path = harness.result_path(cfg, results)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as fh:
-    return json.load(fh)
+  """The result of ``cfg`` from its task's table, or None where it has not finished."""
+  return harness.load_result(cfg.task, cfg.run_id, results)
 
 
 def execute(cfg: harness.RunConfig, *, results: str = harness.RESULTS,
@@ -1059,7 +1055,7 @@ def execute(cfg: harness.RunConfig, *, results: str = harness.RESULTS,
   done = load(cfg, results)
   if done is not None:
     return done
-  lock = claim(harness.result_path(cfg, results))
+  lock = claim(harness.ckpt_dir(cfg, ckpts))
   if lock is None:
     print(f"... {cfg.task}/{cfg.run_id} is being run by another queue", flush=True)
     return None
