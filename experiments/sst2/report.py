@@ -2,8 +2,8 @@
 finished).
 
     python -m experiments.sst2.report     # writes experiments/sst2/tables.md, the figures, and
-                                          # the tables of docs/results/sst2.md (between its
-                                          # <!-- BEGIN name --> / <!-- END name --> markers)
+                                          # the tables of NOTES.md and docs/results/sst2.md
+                                          # (between <!-- BEGIN name --> / <!-- END name -->)
 """
 
 from __future__ import annotations
@@ -379,7 +379,8 @@ def main():
     fh.write("\n".join(text) + "\n")
   with open(os.path.join(HERE, "summary.json"), "w") as fh:
     json.dump(summary, fh, indent=1)
-  fill_page(os.path.join(ROOT, "docs", "results", "sst2.md"), blocks)
+  fill_page(os.path.join(HERE, "NOTES.md"), blocks)  # the lab notes: every table
+  fill_page(os.path.join(ROOT, "docs", "results", "sst2.md"), blocks)  # the page: two of them
   plots(runs)
   long_plots(runs)
   print("\n".join(text))
