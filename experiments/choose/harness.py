@@ -22,7 +22,7 @@ same order and start from the same parameters.
 
 Resume: at every evaluation the params, the optimizer state (whose PRNG key fixes all future
 noise) and the history are saved with Orbax; a restarted run continues from there and ends
-bit for bit like an uninterrupted one (``tests/test_choose.py`` checks it).
+bit for bit like an uninterrupted one (``experiments/tests/test_choose.py`` checks it).
 
 The loss tape: a zeroth-order run's whole trajectory follows from its keys and the losses
 its forward passes returned, so at every evaluation the harness also writes those losses
@@ -33,7 +33,7 @@ function that hands back the recorded values in order, so every perturbation, re
 update runs with the same arithmetic and no forward pass (a step costs its passes over the
 params, about a tenth of a forward pass each on MiniLM), then checks the replayed params
 against the recorded evaluation before it goes on; where the check fails the run starts
-again from step 0. Bit for bit on digits (``tests/test_choose.py``, MeZO and FZOO), for
+again from step 0. Bit for bit on digits (``experiments/tests/test_choose.py``, MeZO and FZOO), for
 MeZO on MiniLM full fine-tuning (100 steps) and for MiniLM FZOO-8 (889 steps, 8,001 passes,
 hizoo_jax 820a538, replayed by the queue in 337 s). The same run's first 223 steps, replayed
 earlier by a hand-built check, came to within 2e-6 of the recorded CEs but not bit for bit;
