@@ -14,7 +14,7 @@ checks that every record reads back equal to its file up to the tables' 8 signif
 and prints the sizes. The curves are kept whole. One field is thinned: a run's ``mean_h_trace``
 (HiZOO's mean ``H`` every 10 steps, for the step-size control rows) keeps at most 256 values,
 every ``ceil(n / 256)``-th, its ``stride`` multiplied to match. The per-run files are then
-removed from git by hand (``git rm -r``).
+removed from git by hand (``git rm -r``). An existing table is never overwritten.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def _load(p: str) -> dict:
 
 def convert(tables: dict[str, list[dict]]) -> None:
   for file, recs in tables.items():
+    if os.path.exists(file) or not recs:  # converted already: a table is never overwritten
+      print(f"{os.path.relpath(file, ROOT)}: exists or nothing to convert, left alone")
+      continue
     n = table.write(file, recs)
     back = table.index(file)
     for r in recs:
