@@ -44,7 +44,20 @@ import pytest
 import hizoo_jax as hz
 from experiments.sst2 import blockh
 from tests.helpers import lean_step_extra, step_noise
-from tests.test_methods import THETA0, X_NP, Y_NP, X, Y, params0  # the same problem
+
+# The problem of tests/test_methods.py (the same draws): a 5-6-3 tanh MLP on 16 rows.
+_rng = np.random.default_rng(0)
+X_NP = _rng.standard_normal((16, 5))
+Y_NP = _rng.standard_normal((16, 3))
+THETA0 = {"w1": _rng.standard_normal((5, 6)) / np.sqrt(5),
+          "b1": _rng.standard_normal(6) * 0.1,
+          "w2": _rng.standard_normal((6, 3)) / np.sqrt(6)}
+X, Y = jnp.asarray(X_NP), jnp.asarray(Y_NP)
+
+
+def params0():
+  return {k: jnp.asarray(v, jnp.float64) for k, v in THETA0.items()}
+
 
 LR = 0.05
 MU = 1e-2
