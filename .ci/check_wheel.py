@@ -29,6 +29,9 @@ def main(path: str) -> None:
         expected.add(os.path.relpath(os.path.join(dirpath, f), ROOT).replace(os.sep, "/"))
   missing = sorted(expected - names)
   assert not missing, f"modules missing from the wheel: {missing}"
+  data = {"hizoo_jax/py.typed", "hizoo_jax/measured.json"}  # pyproject's package-data
+  assert data <= names, f"package data missing from the wheel: {sorted(data - names)}"
+  expected |= data
 
   stray = sorted(n for n in names if not n.startswith(("hizoo_jax/", dist_info + "/")))
   assert not stray, f"files outside the package in the wheel: {stray}"

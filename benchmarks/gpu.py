@@ -29,7 +29,7 @@ run goes on. The learning rate is tiny so that nothing diverges while it is time
 
 Default models: minilm and llama1b on a GPU, minilm alone on a CPU (llama1b runs there when
 asked, slowly). Prints a Markdown table and writes JSON with the machine's description.
-CI never has a GPU: ``tests/test_gpu_benchmark.py`` runs the ``tiny`` model on the CPU.
+CI never has a GPU: ``experiments/tests/test_gpu_benchmark.py`` runs the ``tiny`` model on the CPU.
 Where one call has a time limit (a lent device: 10 minutes a command), build the table in
 parts with ``--append``, e.g. ``--models minilm``, then ``--models llama1b --methods mezo
 hizoo hizoo_l adam --append``, then the other methods with ``--append``.

@@ -7,6 +7,11 @@
 * :mod:`experiments.report`: the tables and plots shared by the notebooks and
   ``examples/demo.py``.
 
-This folder is not part of the ``hizoo_jax`` package. Run from the repository root (the tests
-add it to ``sys.path``; the notebooks and the demo insert it themselves).
+* :mod:`experiments.table`: the results tables (one gzipped JSON Lines file per benchmark).
+* :mod:`experiments.figures`: every figure of ``docs/results`` drawn from the tables.
+* ``choose/``, ``sst2/``, ``bf16/``: the studies (harness, runner, report, narrative), and
+  ``tests/``: their smoke tests.
+
+This folder is not part of the ``hizoo_jax`` package. Run from the repository root (pytest
+puts it on the path; the notebooks and the demo insert it themselves).
 """

@@ -39,7 +39,9 @@ whatever ``d``; in float32 it must exceed a few ``eps |l|`` to be measured, whic
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
@@ -160,11 +162,8 @@ def decay_to_floor(peak: float, total_steps: int, floor: float = DECAY_FLOOR
                    ) -> optax.Schedule:
   """Cosine decay from ``peak`` to ``floor * peak`` over ``total_steps`` (then constant).
 
-  The best schedule of the tuned MeZO baseline on the digits MLP: of constant, cosine and
-  linear decay to 0 and cosine decay to 10%, 30% and 50% of the peak, each with its own
-  learning-rate grid, cosine to 30% reached the lowest training and validation loss
-  (0.096 / 0.181 against 0.132 / 0.200 for linear decay to 0, 40,000 forward passes,
-  3 seeds); FZOO gains from it too (training loss 0.087 constant, 0.061 with it).
+  The schedule the tuned MeZO baseline selected on the digits MLP among constant, cosine
+  and linear decay to 0 and cosine to 10%, 30% and 50% of the peak (``experiments/choose``).
   ``total_steps`` counts optimizer steps: for a budget of forward passes, divide it by the
   method's passes a step (MeZO 2, FZOO ``N + 1``).
   """
@@ -179,13 +178,10 @@ def mezo(peak_lr: float, total_steps: int, *, floor: float = DECAY_FLOOR,
          **options: Any) -> optax.GradientTransformationExtraArgs:
   """The tuned baseline: :func:`hizoo_jax.mezo` with :func:`decay_to_floor`.
 
-  Every method of the library was compared with this, forward passes counted
-  (docs/results/choosing.md). Its best peak on the digits MLP (batch 64) was
-  ``1.78e-3``; the learning rate depends on the task, so tune ``peak_lr`` on a grid of
-  half-decades. The schedule depends on the budget too: on MiniLM-L6 SST-2 full
-  fine-tuning at 4,000 forward passes, where the loss is far from a floor, a constant rate
-  (``floor=1.0``) beat cosine and linear decay, each at its best rate (``1e-5`` for all
-  three).
+  The baseline every method was compared with, forward passes counted
+  (docs/results/choosing.md). Tune ``peak_lr`` on a grid of half-decades for the task, and
+  the schedule for the budget: far from a floor (a short budget) a constant rate
+  (``floor=1.0``) can beat decay.
 
   Args:
     peak_lr: the learning rate at step 0.
@@ -198,30 +194,15 @@ def mezo(peak_lr: float, total_steps: int, *, floor: float = DECAY_FLOOR,
 
 def fzoo(peak_lr: float, total_steps: int, *, num_directions: int = 8,
          floor: float = DECAY_FLOOR, **options: Any) -> optax.GradientTransformationExtraArgs:
-  """:func:`hizoo_jax.fzoo` with 8 probes and :func:`decay_to_floor`: the fastest setting
-  measured.
+  """:func:`hizoo_jax.fzoo` with 8 probes and :func:`decay_to_floor`.
 
-  On the digits MLP it reached the tuned MeZO baseline's final training loss in 0.65-0.70
-  of the forward passes (3 seeds, peak ``0.01``; 16 probes: 0.70-0.80, 4 probes never);
-  its validation loss ended within one standard deviation of the baseline's. On MiniLM-L6
-  SST-2 full fine-tuning (4,000 forward passes, 3 paired seeds) it ended level with the
-  tuned MeZO there (constant ``1e-5``) under either schedule; at 20,000 forward passes,
-  with a constant rate (``floor=1.0``) of ``1.78e-4``, it reached the tuned cosine MeZO's
-  final training loss in 0.45, 0.37 and 0.59 of its passes (3 paired seeds) and ended
-  lower in training loss on every seed, level in validation loss and +0.3 points in test
-  accuracy on the mean (+0.8, +1.0, -0.9). Perturbing only MiniLM's layers 1-3 and the
-  head (``hizoo_jax.models.peft.trainable_filter("ft", layers=(1, 2, 3))``) at a constant
-  ``5.62e-4`` (selected on validation between ``1.78e-4``, slower, and ``1.78e-3``,
-  unstable) it took 0.11, 0.12 and 0.31 of the passes, ended lower in training and test
-  loss on every seed and +0.8 points in test accuracy on the mean (+0.7 on five paired
-  seeds); it is the MiniLM example's default with ``--data``. FZOO's step
-  is normalised by the spread of the probe losses, so its learning rate is in other units
-  than MeZO's: on digits its best peak was about 5.6 times MeZO's. Heavy-ball momentum
-  chained after the estimate (``optax.chain(hz.scale_by_fzoo(), optax.trace(0.9),
-  optax.scale_by_learning_rate(schedule))``, at a tenth of the rate) ended lower on every
-  digits seed (0.56-0.65 of the baseline's passes; decay 0.95 at about a twentieth of
-  the rate: 0.52-0.60) but level with FZOO on SST-2 LoRA, at the cost of a params-sized
-  buffer, so it is not part of this preset.
+  FZOO normalises its step by the spread of the probe losses, so its learning rate is in
+  other units than MeZO's (on the digits MLP its best peak was about 5.6 times MeZO's);
+  tune ``peak_lr`` on a grid of half-decades. Measured against the tuned :func:`mezo` in
+  ``experiments/choose`` (docs/results/choosing.md); heavy-ball momentum chained after
+  the estimate (``optax.chain(hz.scale_by_fzoo(), optax.trace(0.9),
+  optax.scale_by_learning_rate(schedule))``) is left out, as it costs a params-sized
+  buffer.
 
   Args:
     peak_lr: the learning rate at step 0.
@@ -243,68 +224,18 @@ def _frozen(table: dict) -> Mapping[str, Mapping[str, Mapping[str, Any]]]:
                            for task, methods in table.items()})
 
 
-MEASURED = _frozen({
-    # The 26k-parameter MLP on scikit-learn's digits, batch 64, 40,000 forward passes.
-    "digits": {
-        "mezo": dict(learning_rate=1e-3, mu=1e-3),
-        "fzoo": dict(learning_rate=1e-2, mu=1e-3, num_directions=16),
-        "forward_gradient": dict(learning_rate=1e-3),
-        "lozo": dict(learning_rate=5.62e-4, mu=1e-3, rank=2),
-        "subzero": dict(learning_rate=1e-3, mu=1e-3, rank=8),
-        "zo_muon": dict(learning_rate=5.62e-2, mu=1e-3, rank=8, num_directions=4),
-        "hizoo": dict(learning_rate=1.78e-3, mu=1e-3, hessian_smoothing=1e-6),
-        "hizoo_l": dict(learning_rate=1.78e-3, mu=1e-3, hessian_smoothing=1e-6),
-    },
-    # MiniLM-L6 (22.6M parameters) fully fine-tuned on GLUE SST-2, batch 16, 4,000 passes.
-    "sst2_ft": {
-        "mezo": dict(learning_rate=1e-5, mu=1e-3),
-        "fzoo": dict(learning_rate=5.62e-4, mu=1e-3, num_directions=8),
-        "sparse_mezo": dict(learning_rate=1e-4, mu=1e-3, sparsity=0.8),
-        "forward_gradient": dict(learning_rate=1e-5),
-        "lozo": dict(learning_rate=3.16e-6, mu=1e-3, rank=2),
-        "subzero": dict(learning_rate=1e-5, mu=1e-3, rank=8),
-        # rank 16 (measured later than the library's default 64, over the same five seeds)
-        "zo_muon": dict(learning_rate=1e-2, mu=1e-3, rank=16, num_directions=4),
-        # alpha 0.5/d of these 22,566,146 trainable numbers (the best of 0.5/d, 1e-6, 1e-3)
-        "hizoo": dict(learning_rate=1e-5, mu=1e-3, hessian_smoothing=0.5 / 22_566_146),
-    },
-    # MiniLM-L6 with rank-8 LoRA adapters (and its head) on GLUE SST-2, batch 16, 4,000
-    # passes.
-    "sst2_lora": {
-        "mezo": dict(learning_rate=1.78e-4, mu=1e-3),
-        "fzoo": dict(learning_rate=1.78e-3, mu=1e-3, num_directions=8),
-    },
-})
-"""Each method's learning rate and key options as the forward-pass matched benchmark
-selected them (docs/results/choosing.md): per task, every method got the same budget of
-forward passes at a constant learning rate, on a grid of half-decades widened until the
-best was interior, and the setting with the lowest validation loss (3 seeds on digits,
-seed 0 on SST-2) is the one here; where a key option was measured at several values in
-the method's own table (FZOO's probes, LOZO's, SubZero's and ZO-Muon's rank on digits,
-HiZOO's ``alpha``) the best of them. Values tried later (on SST-2 full fine-tuning: FZOO
-with 16 probes, LOZO rank 8, SubZero rank 32, ZO-Muon rank 16) are on the results page and
-enter here only once their paired seeds beat the setting here, since one seed's validation
-loss at 4,000 passes moves by as much as the differences between them. ZO-Muon rank 16 did
-(five seeds, lower mean validation loss than rank 64 at a quarter of its state); the
-others ran at one seed only and ended higher in training loss (FZOO-16 and LOZO rank 8
-lower in validation loss at that seed). Use it through :func:`measured`. What the numbers
-say about these settings:
+def _load_measured() -> Mapping[str, Mapping[str, Mapping[str, Any]]]:
+  text = resources.files("hizoo_jax").joinpath("measured.json").read_text(encoding="utf-8")
+  return _frozen({task: entry["methods"] for task, entry in json.loads(text)["tasks"].items()})
 
-- They are starting points for the same kind of model and budget, not universal rates:
-  the best rate moves with the model, the batch and the budget (MeZO's best on SST-2 full
-  fine-tuning is ``1e-5`` at 4,000 passes and ``3.16e-6`` at 20,000).
-- On SST-2 full fine-tuning only ZO-Muon ends below the tuned constant MeZO over paired
-  seeds, and by little: at rank 16, training CE -0.0043 +- 0.0019, test CE -0.0085 +-
-  0.0028 and test accuracy +0.8 +- 0.5 points over five seeds (mean +- standard error).
-  Sparse MeZO and SubZero end below it at seed 0 only; FZOO ends level, LOZO above, and
-  forward gradients repeat MeZO's run. HiZOO's best ``alpha`` there is ``0.5/d``, which
-  leaves its ``H`` at 1: it is MeZO with a third of its passes spent on the unperturbed
-  loss, and ends a little above it; with ``alpha = 1e-3`` its ``H`` rises to ~900 and
-  freezes every usable rate. FZOO's learning rate and ZO-Muon's are in other units than
-  MeZO's (their steps are normalised).
-- Sparse MeZO is absent from digits: it did not train that MLP at any rate from ``1e-4``
-  to ``0.1``. Rates for the paper's decay schedules are in :func:`mezo` and :func:`fzoo`.
-"""
+
+MEASURED = _load_measured()
+"""Each method's learning rate and key options as the forward-pass matched benchmark
+selected them, per task (``"digits"``, ``"sst2_ft"``, ``"sst2_lora"``), read from the package's
+``measured.json``, which says for each task what was measured and how the setting was
+chosen. They are starting points for the same kind of model and budget, not universal
+rates: the best rate moves with the model, the batch and the budget. Use it through
+:func:`measured`."""
 
 
 def measured(method: str, task: str = "sst2_ft", **options: Any

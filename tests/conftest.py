@@ -1,13 +1,11 @@
-"""Test configuration: float64 on (every test states its dtypes explicitly).
-
-The repository root goes on ``sys.path`` so that tests import ``experiments`` (the research
-code behind the notebooks and the demo), which is not part of the installed package.
-"""
+"""Test configuration of the library's tests: float64 on (every test states its dtypes
+explicitly), one XLA compilation cache per session, XLA's cheaper code generation, slow
+tests first, ``-n auto`` as one worker per usable CPU. The research code's tests live in
+``experiments/tests`` (their own conftest)."""
 
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 
 import pytest
@@ -55,10 +53,6 @@ if os.environ.get("HIZOO_TEST_FULL_XLA_OPT") != "1" and TEST_XLA_FLAGS not in os
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import jax  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
 
 jax.config.update("jax_enable_x64", True)
 

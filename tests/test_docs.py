@@ -221,65 +221,6 @@ def _table(text: str, marker: str) -> dict[str, list[str]]:
   return rows
 
 
-def test_readme_headline_results_are_the_results_pages():
-  """Each number of the README's results table is in the results pages' tables (which
-  tests/test_notebooks.py and tests/test_choose.py check against their sources): the test
-  functions' steps (the notebook's table) times the forward passes a step of the method
-  executes (its state's counter), and the digits rows of the forward-pass-matched study."""
-  import hizoo_jax as hz
-  from experiments import problems as P
-
-  head = _table(_readme(), "<!-- headline-results -->")
-  functions = _table(_page("results/test_functions.md"), "| method | f_a")
-  choosing = _page("results/choosing.md")
-  assert list(head) == ["MeZO", "HiZOO", "HiZOO-L", "FZOO, 8 probes"]
-  rec = hz.presets.recommended(np.zeros(2))
-  cost = {}
-  for name, fn, opts in (("MeZO", hz.mezo, {}), ("HiZOO", hz.hizoo, rec),
-                         ("HiZOO-L", hz.hizoo_l, rec)):
-    sw = P.sweep(fn, P.f_a, P.START["f_a"], 4, np.array([1e-3]), 1, **opts)
-    cost[name] = int(sw.counters["forward_passes"][0, 0]) // 4
-  assert cost == {"MeZO": 2, "HiZOO": 3, "HiZOO-L": 3}
-  page_names = {"HiZOO": "HiZOO (paper est.)"}
-  # the digits rows: MeZO's tuned baseline (cosine decay to 30%), HiZOO and HiZOO-L at
-  # the alpha of lowest validation loss, FZOO with 8 probes under the baseline's schedule
-  digits_rows = {"MeZO": "| **cosine to 30% (the baseline)** |",
-                 "HiZOO": "| HiZOO α = 10⁻⁶ |", "HiZOO-L": "| HiZOO-L α = 10⁻⁶ |",
-                 "FZOO, 8 probes": "| **FZOO, 8 probes, cosine to 30%** |"}
-  for method, cells in head.items():
-    if method in cost:
-      f_row = functions[page_names.get(method, method)]
-      for cell, steps in zip(cells[:3], (f_row[0], f_row[3], f_row[6]), strict=True):
-        steps = steps.split(" (")[0]
-        want = "never" if steps == "never" else f"{float(steps) * cost[method]:g}"
-        assert cell == want, (method, cell, steps)
-    else:
-      assert cells[:3] == ["–"] * 3, cells
-    (line,) = [ln for ln in choosing.splitlines() if ln.startswith(digits_rows[method])]
-    row = [c.strip().strip("*") for c in line.strip("|").split("|")]
-    train, acc = row[3].split(" ± ")[0], row[4].split(" ± ")[0]
-    assert cells[3] == f"{float(train):.3f}", (method, cells[3], train)
-    assert cells[4] == acc, (method, cells[4], acc)
-  # the alpha shown is the one validation selects among the three of each method
-  for prefix in ("| HiZOO α = ", "| HiZOO-L α = "):
-    vals = {ln.split("|")[1].strip(): float(ln.split("|")[3].split(" ± ")[0])
-            for ln in choosing.splitlines() if ln.startswith(prefix)}
-    assert len(vals) >= 3 and min(vals, key=vals.get).endswith("10⁻⁶"), vals
-
-
-def test_results_index_demo_tables_are_the_saved_demo_run():
-  """The results index's demo tables are examples/results/demo/results.md's (the digits
-  table without its step-time column, which varies with the machine's load)."""
-  with open(os.path.join(ROOT, "examples", "results", "demo", "results.md")) as fh:
-    saved = [t.strip() for t in fh.read().split("\n\n") if t.startswith("|")]
-  functions, digits = saved
-  digits = "\n".join("|".join(line.split("|")[:-2]) + "|" for line in digits.splitlines())
-  index = _page("results/index.md")
-  section = index[index.index("## The demo"):index.index("## The recommended settings")]
-  assert functions in section and digits in section
-  assert "forward passes (reached, stayed)" in functions and "10,000 (5,000)" in digits
-
-
 def test_every_public_name_has_an_api_page():
   import hizoo_jax as hz
   from hizoo_jax import presets

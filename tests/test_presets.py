@@ -127,3 +127,26 @@ def test_measured_presets_are_the_method_with_the_decay(name):
   step = hz.make_train_step(preset, lambda p, s: f(p) * s)
   _, _, loss = step(params, preset.init(params), 1.0)
   assert np.isfinite(float(loss))
+
+
+def test_measured_settings_are_the_package_data():
+  """``MEASURED`` is ``measured.json`` (shipped as package data), read-only, and
+  ``measured`` builds the alias at it, any keyword overriding."""
+  import json
+  from importlib import resources
+
+  text = resources.files("hizoo_jax").joinpath("measured.json").read_text(encoding="utf-8")
+  data = json.loads(text)
+  assert {t: dict(m) for t, m in hz.presets.MEASURED.items()} == {
+      t: entry["methods"] for t, entry in data["tasks"].items()}
+  assert all(entry["what"] for entry in data["tasks"].values())  # each task says what it is
+  with pytest.raises(TypeError):
+    hz.presets.MEASURED["digits"]["mezo"]["learning_rate"] = 1.0
+  params, f = _problem()
+  got = _run(hz.presets.measured("mezo", "digits", seed=3), params, f, steps=3)[0]
+  want = _run(hz.mezo(1e-3, mu=1e-3, seed=3), params, f, steps=3)[0]
+  chex.assert_trees_all_equal(got, want)
+  with pytest.raises(ValueError, match="measured tasks"):
+    hz.presets.measured("mezo", "imagenet")
+  with pytest.raises(ValueError, match="measured there"):
+    hz.presets.measured("sparse_mezo", "digits")

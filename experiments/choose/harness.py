@@ -1,5 +1,6 @@
 """The run engine of the "choosing a method" study: one run = one method on one task for a
-budget of forward passes, checkpointed and resumable, one JSON result.
+budget of forward passes, checkpointed and resumable, one record in its task's results table
+(``results/<task>.jsonl.gz``, :mod:`experiments.table`).
 
 What a run is (``RunConfig``): a task (``tasks.TASKS``), a method named by its public name in
 ``hizoo_jax`` (``"mezo"``, ``"hizoo"``, ``"presets.hizoo"``, and any ``hz.NAME(learning_rate,
@@ -12,7 +13,7 @@ Why forward passes, counted as executed: methods spend different numbers of pass
 the expensive ones. When the optimizer state carries a ``forward_passes`` counter
 (``hz.forward_passes(state)``) the harness uses it (and checks its
 own count against it at every evaluation); otherwise it counts from the method's known cost
-(``METHODS``). Each result file says which (``fp_source``).
+(``METHODS``). Each result says which (``fp_source``).
 
 Pairing: the seed sets the data order (``hizoo_jax.models.data.batch_indices``, a pure function
 of ``(seed, step)``), the model/head initialisation (task-specific) and the noise (the
@@ -21,7 +22,7 @@ same order and start from the same parameters.
 
 Resume: at every evaluation the params, the optimizer state (whose PRNG key fixes all future
 noise) and the history are saved with Orbax; a restarted run continues from there and ends
-bit for bit like an uninterrupted one (``tests/test_choose.py`` checks it).
+bit for bit like an uninterrupted one (``experiments/tests/test_choose.py`` checks it).
 
 The loss tape: a zeroth-order run's whole trajectory follows from its keys and the losses
 its forward passes returned, so at every evaluation the harness also writes those losses
@@ -32,7 +33,7 @@ function that hands back the recorded values in order, so every perturbation, re
 update runs with the same arithmetic and no forward pass (a step costs its passes over the
 params, about a tenth of a forward pass each on MiniLM), then checks the replayed params
 against the recorded evaluation before it goes on; where the check fails the run starts
-again from step 0. Bit for bit on digits (``tests/test_choose.py``, MeZO and FZOO), for
+again from step 0. Bit for bit on digits (``experiments/tests/test_choose.py``, MeZO and FZOO), for
 MeZO on MiniLM full fine-tuning (100 steps) and for MiniLM FZOO-8 (889 steps, 8,001 passes,
 hizoo_jax 820a538, replayed by the queue in 337 s). The same run's first 223 steps, replayed
 earlier by a hand-built check, came to within 2e-6 of the recorded CEs but not bit for bit;
@@ -40,7 +41,7 @@ not reproduced, cause unknown (the evaluation alone gives the same CEs bit for b
 without the queue's single-threaded ``XLA_FLAGS``). A replay that is not exact goes on
 where it lies within ``REPLAY_TOLERANCE`` of the recorded evaluation (its continuation is
 then a run of the same method, keys and batches from params that differ by rounding, not
-the uninterrupted run bit for bit), and the result file's ``replays`` says so (``exact``,
+the uninterrupted run bit for bit), and the result's ``replays`` says so (``exact``,
 ``off_by``). The curvature oracle, which installs autodiff curvature from the params, is
 not taped.
 """
@@ -52,6 +53,7 @@ import inspect
 import json
 import math
 import os
+import platform
 import re
 import shutil
 import time
@@ -65,6 +67,7 @@ import optax
 from jax.experimental import io_callback
 
 import hizoo_jax as hz
+from experiments import table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -312,8 +315,20 @@ def make_config(task, method, lr, *, schedule="constant", options=None, seed=0, 
                    int(seed), int(budget), int(eval_every), tag)
 
 
-def result_path(cfg: RunConfig, results: str = RESULTS) -> str:
-  return os.path.join(results, cfg.task, cfg.run_id + ".json")
+def table_file(task: str, results: str = RESULTS) -> str:
+  """The results table of ``task`` (one record per finished run, keyed by its run id)."""
+  return table.path(results, task)
+
+
+def load_result(task: str, run_id: str, results: str = RESULTS) -> dict | None:
+  """The result of run ``run_id`` of ``task``, or None where it has not finished."""
+  return table.find(table_file(task, results), run_id)
+
+
+def machine() -> str:
+  """The machine a result was measured on: host, CPU count, JAX's devices."""
+  return (f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}; "
+          f"{', '.join(sorted({d.device_kind for d in jax.devices()}))})")
 
 
 def ckpt_dir(cfg: RunConfig, ckpts: str = CKPTS) -> str:
@@ -412,12 +427,13 @@ def _load_tape(tdir: str) -> tuple[dict, _Tape] | None:
 def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
         traces: str = TRACES, stop_after: int | None = None,
         log: Callable[[str], None] = print) -> dict | None:
-  """Runs (or resumes) ``cfg`` on ``task`` and writes its result JSON; returns it.
+  """Runs (or resumes) ``cfg`` on ``task``, appends its result to the task's table and
+  returns it.
 
   Args:
     cfg: the run.
     task: a ``tasks.Task`` (``setup(seed, restoring)``).
-    results, ckpts: directories of result files and checkpoints.
+    results, ckpts: directories of the results tables and of the checkpoints.
     traces: directory of loss tapes (module docstring), the checkpoints that survive a new
       machine.
     stop_after: stop (as an interruption would) after the first evaluation at or past this
@@ -454,8 +470,10 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
   horizon = int(math.ceil(cfg.budget / mean_cost))
   if cfg.method == CONTROL:
     source_id = options.pop("hctl_of")
-    with open(os.path.join(results, cfg.task, source_id + ".json")) as fh:
-      source = json.load(fh)
+    source = load_result(cfg.task, source_id, results)
+    if source is None:
+      raise ValueError(f"{cfg.run_id}: the HiZOO run it controls ({source_id}) has no result "
+                       f"in {table_file(cfg.task, results)}; run it first")
     lr = control_schedule(cfg.lr, source, cfg.schedule, horizon)
     tx = build_tx(method.name, lr, options, cfg.seed)
   elif cfg.method == ORACLE:
@@ -604,10 +622,11 @@ def run(cfg: RunConfig, task, *, results: str = RESULTS, ckpts: str = CKPTS,
       "wall_seconds_this_session": time.perf_counter() - t_start,
       "jax": jax.__version__,
       "code": hist.get("code"),
+      "machine": machine(),
       "date": time.strftime("%Y-%m-%d %H:%M"),
   }
-  _atomic_json(result_path(cfg, results), out)
-  shutil.rmtree(cdir, ignore_errors=True)  # finished: its result file is all that is kept
+  table.append(table_file(cfg.task, results), {"key": cfg.run_id, **out})
+  shutil.rmtree(cdir, ignore_errors=True)  # finished: its record is all that is kept
   shutil.rmtree(tdir, ignore_errors=True)
   return out
 

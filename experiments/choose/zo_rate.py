@@ -28,24 +28,27 @@ linear-probe start of the harness (``tasks.SST2``, seed 0):
 and prints the rate of the subsets a user can pick (every parameter, no token embeddings,
 the encoder layers only, ...), relative to every parameter::
 
-    python -m experiments.choose.zo_rate --batches 256 --hvp 64 \
-        --out experiments/choose/results/zo_rate_sst2_ft_full.json
+    python -m experiments.choose.zo_rate --batches 256 --hvp 64 --out sst2_ft_full
     python -m experiments.choose.zo_rate --batches 256 --hvp 160 --hvp-seed 1 --offset 5000 \
-        --out experiments/choose/results/zo_rate_sst2_ft_full_b.json   # independent
-    python -m experiments.choose.zo_rate --load experiments/choose/results/zo_rate_sst2_ft_*
-    python -m experiments.choose.zo_rate --load experiments/choose/results/zo_rate_sst2_ft_* \
+        --out sst2_ft_full_b                                # independent
+    python -m experiments.choose.zo_rate --load sst2_ft_full sst2_ft_full_b
+    python -m experiments.choose.zo_rate --load sst2_ft_full sst2_ft_full_b \
         --batch-sizes 16 32 64 128 256    # the same rate at other batch sizes
+
+A measurement is a record of the table ``results/zo_rate.jsonl.gz`` named by ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from experiments import table as table_io
 
 
 def _layers(*ids: int):
@@ -224,21 +227,32 @@ def main() -> None:
   p.add_argument("--offset", type=int, default=0,
                  help="first batch (training steps' batches offset..): an independent "
                       "measurement takes batches and probes no other one used")
-  p.add_argument("--out", default=None, help="write the per-leaf measurements (JSON)")
+  p.add_argument("--out", default=None,
+                 help="save the per-leaf measurements under this name in the zo_rate table")
   p.add_argument("--load", nargs="+", default=None,
-                 help="report saved JSONs instead of measuring (several: side by side)")
+                 help="report saved measurements (names) instead of measuring (several: side "
+                      "by side)")
   p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                  help="with --load: the rate of every parameter at these batch sizes, "
                       "relative to the task's (per forward pass and per example)")
   a = p.parse_args()
   if a.batch_sizes and not a.load:
     p.error("--batch-sizes reads saved measurements: give them with --load")
+  saved = table_io.path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                        "zo_rate")
+
+  def load(name):
+    m = table_io.find(saved, name)
+    if m is None:
+      p.error(f"--load: no measurement {name!r} in {saved}; saved: "
+              f"{sorted(table_io.index(saved))}")
+    return m
+
   if a.load and a.batch_sizes:
     from experiments.choose import tasks
 
     for path in a.load:
-      with open(path) as fh:
-        m = json.load(fh)
+      m = load(path)
       b0 = tasks.TASKS[m["task"]].batch_size
       print(f"{path} (measured at batch {b0}):")
       print("| batch | E\\|g_B\\|² / \\|g\\|² | gain per forward pass | gain per example "
@@ -249,20 +263,14 @@ def main() -> None:
               f"{r['per_example']:.2f}x | {r['lr_star']:.2f}x |")
     return
   if a.load and len(a.load) > 1:
-    ms = []
-    for path in a.load:
-      with open(path) as fh:
-        ms.append(json.load(fh))
-    print(compare(ms))
+    print(compare([load(name) for name in a.load]))
     return
   if a.load:
-    with open(a.load[0]) as fh:
-      m = json.load(fh)
+    m = load(a.load[0])
   else:
     m = measure(a.task, a.seed, a.batches, a.hvp, a.hvp_seed, a.offset)
     if a.out:
-      with open(a.out, "w") as fh:
-        json.dump(m, fh)
+      table_io.append(saved, {"key": a.out, **m})
   print(table(rates(m)))
   print(f"seconds: {m['seconds']}")
 

@@ -52,10 +52,10 @@ needed, never stored: in the passes, in the estimate ``g`` and in the per-block 
 quantity (``c``, ``c_sq``, ``s``) besides ``r_mean``, the last ``delta`` and the step count;
 the transform's own state (``hz.ZOState``) holds the key, the forward passes and ``l0`` (as
 ``loss``). So the estimator runs in ``tx.update`` and in the lean engine
-``hz.make_train_step`` alike, with no params-sized temporary (tests/test_blockh.py). A step
-whose ``l+`` or ``l-`` is not finite emits ``g = 0`` (counted in ``skipped_directions``, as
-the library's methods do) and, as before, leaves ``c``, ``c_sq`` and ``r_mean`` unchanged
-when ``delta`` is not finite.
+``hz.make_train_step`` alike, with no params-sized temporary
+(experiments/tests/test_blockh.py). A step whose ``l+`` or ``l-`` is not finite emits
+``g = 0`` (counted in ``skipped_directions``, as the library's methods do) and leaves
+``c``, ``c_sq`` and ``r_mean`` unchanged when ``delta`` is not finite.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
-"""Tables and plots of the SST-2 study from ``results/*.json`` (whatever has finished).
+"""Tables and plots of the SST-2 study from its table ``results.jsonl.gz`` (whatever has
+finished).
 
-    python experiments/sst2/report.py     # writes experiments/sst2/tables.md, the figures, and
-                                          # the tables of docs/results/sst2.md (between its
-                                          # <!-- BEGIN name --> / <!-- END name --> markers)
+    python -m experiments.sst2.report     # writes experiments/sst2/tables.md, the figures, and
+                                          # the tables of NOTES.md and docs/results/sst2.md
+                                          # (between <!-- BEGIN name --> / <!-- END name -->)
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 from collections import defaultdict
 
 import numpy as np
+
+from experiments import table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -38,13 +40,7 @@ def smooth(x, w=WINDOW):
 
 
 def load_all():
-  runs = []
-  for p in sorted(glob.glob(os.path.join(HERE, "results", "*.json"))):
-    with open(p) as fh:
-      r = json.load(fh)
-    r["id"] = os.path.basename(p)[:-5]
-    runs.append(r)
-  return runs
+  return [{**r, "id": r["key"]} for r in table.read(os.path.join(HERE, "results" + table.SUFFIX))]
 
 
 def ms(xs, fmt="{:.1f}", scale=100.0):
@@ -383,7 +379,8 @@ def main():
     fh.write("\n".join(text) + "\n")
   with open(os.path.join(HERE, "summary.json"), "w") as fh:
     json.dump(summary, fh, indent=1)
-  fill_page(os.path.join(ROOT, "docs", "results", "sst2.md"), blocks)
+  fill_page(os.path.join(HERE, "NOTES.md"), blocks)  # the lab notes: every table
+  fill_page(os.path.join(ROOT, "docs", "results", "sst2.md"), blocks)  # the page: two of them
   plots(runs)
   long_plots(runs)
   print("\n".join(text))

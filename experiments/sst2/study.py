@@ -7,8 +7,9 @@ per class for validation (model selection: learning rate, probe l2); the officia
 linear probe on the frozen mean-pooled features (``heads.init_linear_probe``, l2 chosen on the
 validation split) unless ``head_init == "zero"``.
 
-Every run writes ``results/<run_id>.json`` when it finishes; a run whose file exists is skipped,
-so the queue can be killed and restarted. Phases (``--phase``, run in order by ``--phase all``):
+Every run appends its result to the table ``results.jsonl.gz`` (:mod:`experiments.table`)
+when it finishes; a run already in the table is skipped, so the queue can be killed and
+restarted. Phases (``--phase``, run in order by ``--phase all``):
 
 1. references: linear probe and first-order Adam (LoRA) for k = 16 and k = 512;
 2. lr grid (seed 0, k = 512, LoRA) for MeZO, HiZOO (example alpha and presets), the per-tensor
@@ -42,15 +43,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
 
 import blockh  # noqa: E402
 import finetune_minilm as ex  # noqa: E402
 
 import hizoo_jax as hz  # noqa: E402
+from experiments import table  # noqa: E402
 from hizoo_jax.models import checkpoint, data, heads, peft  # noqa: E402
 
 DATA = os.path.join(ROOT, "..", "shared", "data", "sst2")
-RESULTS = os.path.join(HERE, "results")
+RESULTS = os.path.join(HERE, "results")  # checkpoints and locks of unfinished runs
+TABLE = os.path.join(HERE, "results" + table.SUFFIX)
 PROBE_L2 = (1e-4, 1e-3, 1e-2, 1e-1)
 MU = {"ft": 1e-3, "lora": 1e-3, "prefix": 1e-2}
 CKPT_MIN_STEPS = 1000  # runs this long checkpoint at every evaluation
@@ -283,12 +287,14 @@ def path_of(run_id):
 
 
 def load(run_id):
-  with open(path_of(run_id)) as fh:
-    return json.load(fh)
+  res = table.find(TABLE, run_id)
+  if res is None:
+    raise KeyError(f"{run_id} has no result in {TABLE}; run it first")
+  return res
 
 
 def done(run_id):
-  return os.path.exists(path_of(run_id))
+  return table.find(TABLE, run_id) is not None
 
 
 def cfg_of(method, mode, k, seed, lr, steps, **kw):
@@ -340,10 +346,7 @@ def execute(cfg):
   if res is None:  # the smoke test's interruption
     os.remove(lock)
     return None
-  tmp = path_of(cfg["id"]) + ".tmp"
-  with open(tmp, "w") as fh:
-    json.dump(res, fh)
-  os.replace(tmp, path_of(cfg["id"]))
+  table.append(TABLE, {"key": cfg["id"], **res})
   os.remove(lock)
   f = res["final"]
   print(f"--- {cfg['id']}: test acc {f['test']['accuracy']:.4f} val acc {f['val']['accuracy']:.4f}"
@@ -476,8 +479,9 @@ def phase5r(seeds=SEEDS, steps=LONG_STEPS):
 
 
 def smoke():
-  global RESULTS
+  global RESULTS, TABLE
   RESULTS = os.path.join(HERE, "results_smoke")
+  TABLE = os.path.join(RESULTS, "results" + table.SUFFIX)
   execute(cfg_of("probe", "lora", 16, 0, 0.0, 0))
   for m in ("blockh", "mezo", "hizoo"):
     execute(cfg_of(m, "lora", 16, 0, 1e-3, 8, eval_every=4))

@@ -1,9 +1,8 @@
 """The curvature of a zeroth-order estimate, one small strategy per params leaf.
 
-Three strategies, chosen per leaf at ``init`` and recognised afterwards by the type of the
+Two strategies, chosen per leaf at ``init`` and recognised afterwards by the type of the
 leaf's state (:func:`strategy_of`):
 
-* :data:`IDENTITY` (MeZO): no state, ``H = 1``; the perturbation is ``mu z``.
 * :data:`DENSE` (HiZOO): ``H`` is an array shaped like the leaf.
 * :data:`FACTORED` (HiZOO-L): a :class:`FactoredHessian` ``(row, col)``.
 
@@ -286,30 +285,8 @@ def _floor(new: jax.Array, old: jax.Array, estimator: str) -> jax.Array:
   return new
 
 
-def select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
-  """``where(pred, a, b)`` over matching Hessian trees (dense or factored leaves)."""
-  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
-
-
-def num_floats(h: jax.Array | FactoredHessian) -> int:
-  """Number of stored floats of one leaf's Hessian state."""
-  return sum(x.size for x in jax.tree.leaves(h))
-
-
 # ----------------------------------------------------------------------------------------
 # The strategies.
-
-
-class _Identity:
-  """MeZO: ``H = 1`` everywhere, no state."""
-
-  name = "identity"
-
-  def inv_sqrt(self, h, clip, *, duplicable=True):
-    return None
-
-  def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
-    return h
 
 
 class _Dense:
@@ -338,15 +315,12 @@ class _Factored:
     return update_leaf(h, z, curvature, alpha, estimator=estimator, clip=clip, rows=rows)
 
 
-IDENTITY = _Identity()
 DENSE = _Dense()
 FACTORED = _Factored()
 
 
 def strategy_of(h: Any):
-  """The strategy a leaf's curvature state belongs to (None: identity)."""
-  if h is None:
-    return IDENTITY
+  """The strategy a leaf's curvature state belongs to."""
   if is_factored(h):
     return FACTORED
   return DENSE
@@ -358,10 +332,3 @@ def init_tree(params: Any, *, factored: bool, min_dim_size_to_factor: int, dtype
       lambda p: init_leaf(p, factored=factored, min_dim_size_to_factor=min_dim_size_to_factor,
                           dtype=dtype_of(p), init_value=init_value),
       params)
-
-
-def scales(hessian: Any, clip: tuple[float, float]) -> Any:
-  """``H^{-1/2}`` of every leaf, or None (MeZO: the identity)."""
-  if hessian is None:
-    return None
-  return jax.tree.map(lambda h: strategy_of(h).inv_sqrt(h, clip), hessian, is_leaf=is_factored)

@@ -14,9 +14,8 @@ Key schedule (public and stable since 0.2.0; tests and the lean train step rely 
     z_j[leaf i]               = sampler.sample(leaf_key_i, leaf.shape, noise_dtype(leaf))
 
 Leaves are indexed in ``jax.tree.leaves`` order. Deriving a leaf's key is a handful of
-scalar integer operations, so a model with hundreds of tensors compiles its noise as fast
-as its own elementwise ops (0.1.0 split the direction key with ``tree_split_key_like``,
-whose per-leaf threefry calls dominated compile time at 200 tensors).
+scalar integer operations rather than a threefry call a leaf, so a model with hundreds of
+tensors compiles its noise as fast as its own elementwise ops.
 """
 
 from __future__ import annotations
@@ -465,12 +464,6 @@ class DirectionWords:
 def leaf_key(dir_key: jax.Array, index: int) -> jax.Array:
   """The key of leaf ``index`` (in ``jax.tree.leaves`` order) within one direction."""
   return DirectionWords(dir_key, index + 1).key(index)
-
-
-def leaf_keys(dir_key: jax.Array, params: Any) -> Any:
-  """One key per leaf of ``params`` (a tree shaped like ``params``)."""
-  leaves, treedef = jax.tree.flatten(params)
-  return treedef.unflatten([leaf_key(dir_key, i) for i in range(len(leaves))])
 
 
 def sample_leaf(sampler: Sampler, key: jax.Array, leaf: Any) -> jax.Array:

@@ -1,0 +1,193 @@
+"""The results pages and the README against the results tables they are drawn from: every
+number a page shows is recomputed from ``experiments/**/*.jsonl.gz``."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from experiments import table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "experiments", "examples" + table.SUFFIX)
+
+
+def _read(*path: str) -> str:
+  with open(os.path.join(ROOT, *path), encoding="utf-8") as fh:
+    return fh.read()
+
+
+def _page(path: str) -> str:
+  return _read("docs", path)
+
+
+def saved_run(key: str) -> dict:
+  """The saved results.json of an example run (``experiments/examples.jsonl.gz``)."""
+  return table.find(EXAMPLES, key)["results"]
+
+
+def _table(text: str, marker: str) -> dict[str, list[str]]:
+  """The Markdown table after ``marker``, as {first cell: the other cells}."""
+  rows = {}
+  for line in text[text.index(marker):].splitlines()[1:]:
+    if not line.startswith("|"):
+      if rows:
+        break
+      continue
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if cells[0] not in ("method", "f") and not set(cells[0]) <= {"-"}:
+      rows[cells[0]] = cells[1:]
+  return rows
+
+
+# The README's network columns: method -> (table, the report's label, seeds besides the grid's)
+DIGITS = {"MeZO": ("digits_mezo", "mezo cosine_f0.3"),
+          "HiZOO": ("digits_hizoo", "hizoo_a1e-06 constant"),
+          "HiZOO-L": ("digits_hizoo_l", "hizoo_l_a1e-06 constant"),
+          "FZOO, 8 probes": ("digits_methods_sched", "fzoo_n8 cosine_f0.3")}
+SST2 = {"MeZO": ("sst2_long_ft_cosine", "mezo cosine"),
+        "FZOO, 8 probes": ("sst2_long_ft_fzoo", "fzoo_n8 constant")}
+
+
+def _selected(name: str, label: str, task: str, extra=()) -> list[dict]:
+  from experiments.choose import harness, report
+
+  (runs,) = [rs for lab, _, rs in report.selected_runs(name, harness.RESULTS, task, extra)
+             if lab == label]
+  return [r for r in runs.values() if r is not None]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_readme_headline_results_are_the_tables():
+  """The README's results table: the test functions' steps (the notebook's table, which
+  tests/test_notebooks.py checks) times the forward passes a step of the method executes
+  (its state's counter); the digits and SST-2 columns: the mean over seeds of the selected
+  runs' final training loss and test accuracy, from the tables."""
+  pytest.importorskip("flax")
+  import hizoo_jax as hz
+  from experiments import problems as P
+
+  head = _table(_read("README.md"), "<!-- headline-results -->")
+  functions = _table(_page("results/test_functions.md"), "| method | f_a")
+  assert list(head) == ["MeZO", "HiZOO", "HiZOO-L", "FZOO, 8 probes"]
+  rec = hz.presets.recommended(np.zeros(2))
+  cost = {}
+  for name, fn, opts in (("MeZO", hz.mezo, {}), ("HiZOO", hz.hizoo, rec),
+                         ("HiZOO-L", hz.hizoo_l, rec)):
+    sw = P.sweep(fn, P.f_a, P.START["f_a"], 4, np.array([1e-3]), 1, **opts)
+    cost[name] = int(sw.counters["forward_passes"][0, 0]) // 4
+  assert cost == {"MeZO": 2, "HiZOO": 3, "HiZOO-L": 3}
+  page_names = {"HiZOO": "HiZOO (paper est.)"}
+  for method, cells in head.items():
+    if method in cost:
+      f_row = functions[page_names.get(method, method)]
+      for cell, steps in zip(cells[:3], (f_row[0], f_row[3], f_row[6]), strict=True):
+        steps = steps.split(" (")[0]
+        want = "never" if steps == "never" else f"{float(steps) * cost[method]:g}"
+        assert cell == want, (method, cell, steps)
+    else:
+      assert cells[:3] == ["–"] * 3, cells
+    runs = _selected(*DIGITS[method], "digits")
+    assert len(runs) == 3, method
+    assert cells[3] == f"{np.mean([r['final']['train_loss'] for r in runs]):.3f}", method
+    acc = np.mean([r["test"]["test_accuracy"] for r in runs])
+    assert cells[4] == f"{100 * acc:.1f}", method
+    if method in SST2:
+      runs = _selected(*SST2[method], "sst2_ft_full", (1, 2))
+      assert sorted(r["config"]["seed"] for r in runs) == [0, 1, 2], method
+      assert cells[5] == f"{np.mean([r['final']['train_loss'] for r in runs]):.4f}", method
+      acc = np.mean([r["test"]["test_accuracy"] for r in runs])
+      assert cells[6] == f"{100 * acc:.1f}", method
+    else:
+      assert cells[5:] == ["–", "–"], method
+
+
+def test_results_index_demo_tables_are_the_saved_demo_run():
+  """The results index's demo tables are the saved demo run's results.md (the digits table
+  without its step-time column, which varies with the machine's load)."""
+  saved = [t.strip() for t in table.find(EXAMPLES, "demo")["files"]["results.md"].split("\n\n")
+           if t.startswith("|")]
+  functions, digits = saved
+  digits = "\n".join("|".join(line.split("|")[:-2]) + "|" for line in digits.splitlines())
+  index = _page("results/index.md")
+  section = index[index.index("## The demo"):index.index("## The recommended settings")]
+  assert functions in section and digits in section
+  assert "forward passes (reached, stayed)" in functions and "10,000 (5,000)" in digits
+
+
+def finetune_minilm_module():
+  """examples/finetune_minilm.py as a module (its summary and smoothing helpers)."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+      "finetune_minilm", os.path.join(ROOT, "examples", "finetune_minilm.py"))
+  ex = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(ex)
+  return ex
+
+
+def test_minilm_page_table_is_the_saved_results():
+  """The MiniLM results page's HiZOO/MeZO/Adam rows are what the saved results.json give:
+  the zeroth-order rows in forward passes (the state's count), Adam's in steps."""
+  import re
+
+  ex = finetune_minilm_module()
+  page = _page("results/minilm.md")
+  targets = [float(t) for t in re.search(r"--target-loss ([0-9.,]+)", page).group(1).split(",")]
+  for sub, label in (("minilm", "HiZOO"), ("minilm", "MeZO"), ("minilm_adam", "Adam")):
+    res = saved_run(sub)
+    _, summary = ex.summarize(res["runs"], res["args"]["window"], targets)
+    s = summary["optimizers"][label.lower()]
+    counted = s["forward_passes"] is not None
+    assert counted == (label != "Adam"), label
+    if counted:  # the same budget for both
+      assert s["forward_passes"] == [res["args"]["forward_passes"]] * 3, s["forward_passes"]
+    (row,) = [r for r in page.splitlines() if r.startswith(f"| {label} ")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    for cell, t in zip(cells[1:], targets, strict=False):
+      kind = "forward_passes" if counted else "steps"
+      med, per_seed = s[f"median_{kind}_to_target"][str(t)], s[f"{kind}_to_target"][str(t)]
+      unit = "" if counted else " steps"
+      seeds = ", ".join("-" if h is None else str(h) for h in per_seed)
+      assert cell == f"{'never' if med is None else f'{med}{unit}'} ({seeds})", (label, t, cell)
+    assert cells[len(targets) + 1] == f"{s['final_smoothed_loss_median']:.4f}"
+    accs = s["final_accuracy"]
+    assert cells[len(targets) + 2].startswith(f"{np.mean(accs):.3f} ± {np.std(accs):.3f} (")
+
+
+def test_minilm_page_divergence_table_is_the_saved_results():
+  """The MiniLM page's lr 5e-3 rows (loss first > 1, lowest and final MA-50 loss, accuracy,
+  H)."""
+  ex = finetune_minilm_module()
+  page = _page("results/minilm.md")
+  rows = {
+      "lr 5e-3, HiZOO, α = 1e-3": ("minilm", "hizoo"),
+      "lr 5e-3, HiZOO, α = 0.5/d = 6.7e-6": ("minilm_hizoo_alpha_preset", "hizoo"),
+      "lr 5e-3, MeZO": ("minilm_mezo_lr5e-3", "mezo"),
+  }
+  for prefix, (sub, name) in rows.items():
+    (row,) = [r for r in page.splitlines() if r.startswith(f"| {prefix}")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    runs = saved_run(sub)["runs"][name]
+    assert [r["lr"] for r in runs] == [5e-3] * 3 and [r["seed"] for r in runs] == [0, 1, 2]
+    first, lowest, final = [], [], []
+    for r in runs:
+      losses = np.asarray(r["losses"], np.float64)
+      above = np.flatnonzero(losses > 1.0)
+      first.append(str(above[0] + 1) if above.size else None)
+      ma = ex.smooth(losses, 50)  # the example's moving average, as in its plots and tables
+      lowest.append(ma.min())
+      final.append(ma[-1])
+    assert cells[1] == ("never" if first == [None] * 3 else ", ".join(first)), (prefix, cells[1])
+    assert cells[2] == f"{min(lowest):.3f}–{max(lowest):.3f}", (prefix, cells[2])
+    assert float(cells[3]) == pytest.approx(np.median(final), rel=5e-3), (prefix, cells[3])
+    assert cells[4] == f"{np.mean([r['final']['accuracy'] for r in runs]):.3f}", (prefix, cells[4])
+    h = [r["hessian"]["median"] for r in runs] if name == "hizoo" else None
+    if h is None:
+      assert cells[5] == "–"
+    elif cells[5].startswith("1e8"):
+      assert h == pytest.approx([1e8] * 3)
+    else:
+      assert cells[5] == f"{min(h):.1f}–{max(h):.1f}", (prefix, cells[5])
