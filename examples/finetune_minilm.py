@@ -34,7 +34,8 @@ benchmark measured on SST-2 (docs/results/choosing.md): full fine-tuning of Mini
 pretrained weights), FZOO with 8 probes at a constant ``5.62e-4``, 19,998 forward passes
 (2,222 steps of 9). In the benchmark it ended 1.5-2.5 points over the linear probe it
 starts from (3 paired seeds); MeZO on the same layers at that budget was not run, so how
-much of that is FZOO's and how much the layer subset's is not measured. ``--layers all`` perturbs every layer. Without ``--data``, and
+much of that is FZOO's and how much the layer subset's is not measured. ``--layers all``
+perturbs every layer. Without ``--data``, and
 with ``--k-shot``, the defaults are LoRA and MeZO, as measured on those protocols (no
 variant of HiZOO reached a tuned MeZO's loss matched by forward passes; on SST-2 k = 512
 HiZOO's accuracy equalled MeZO's at 3 forward passes a step instead of 2,
