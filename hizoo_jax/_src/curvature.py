@@ -96,21 +96,11 @@ def dense(h: jax.Array | FactoredHessian, clip: tuple[float, float]) -> jax.Arra
   return h
 
 
-def inv_sqrt(h: jax.Array | FactoredHessian, clip: tuple[float, float], *,
-             duplicable: bool = True) -> jax.Array:
-  """``H^{-1/2}`` of one leaf: the perturbation and update scale ``Sigma^{1/2}``.
-
-  ``duplicable``: from multiplies and adds (:func:`rsqrt`), which XLA recomputes inside
-  every fusion that reads it, for the estimate ``g`` that an optimizer chained after HiZOO
-  may read twice. ``False``: ``jax.lax.rsqrt``, one op, for the perturbation passes, whose
-  fusions each read it once: the multiply-and-add form costs some 20 ops in each of them,
-  which is XLA compile time in every leaf's kernel of every pass (the first call of a chain
-  of 200 tensors of 64 x 64, in CPU seconds: 4.6 times a jitted Adam step's with the
-  multiply-and-add form in every pass, 4.0 with this one, measured in one process).
-  """
-  if duplicable:
-    return rsqrt(dense(h, clip))
-  return jax.lax.rsqrt(dense(h, clip))
+def inv_sqrt(h: jax.Array | FactoredHessian, clip: tuple[float, float]) -> jax.Array:
+  """``H^{-1/2}`` of one leaf: the perturbation and update scale ``Sigma^{1/2}``, from
+  multiplies and adds (:func:`rsqrt`), so that every fusion that recomputes it gets the same
+  bits."""
+  return rsqrt(dense(h, clip))
 
 
 # x^{-1/2} of floats from multiplies and adds: a first guess from the bits, then Newton
@@ -294,8 +284,8 @@ class _Dense:
 
   name = "dense"
 
-  def inv_sqrt(self, h, clip, *, duplicable=True):
-    return inv_sqrt(h, clip, duplicable=duplicable)
+  def inv_sqrt(self, h, clip):
+    return inv_sqrt(h, clip)
 
   def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
     del rows
@@ -308,8 +298,8 @@ class _Factored:
 
   name = "factored"
 
-  def inv_sqrt(self, h, clip, *, duplicable=True):
-    return inv_sqrt(h, clip, duplicable=duplicable)
+  def inv_sqrt(self, h, clip):
+    return inv_sqrt(h, clip)
 
   def update(self, h, z, curvature, alpha, *, estimator, clip, rows=None):
     return update_leaf(h, z, curvature, alpha, estimator=estimator, clip=clip, rows=rows)

@@ -203,8 +203,8 @@ class HiZOO(m.Method):
     out = []
     for i, (p, h) in enumerate(zip(noise.leaves, h_leaves, strict=True)):
       z = words.noise(noise.sampler, i, p)
-      out.append(m.scale_leaf(step.astype(z.dtype) * z, curv.strategy_of(h).inv_sqrt(
-          h, self.hessian_clip, duplicable=False)))
+      out.append(m.scale_leaf(step.astype(z.dtype) * z,
+                              curv.strategy_of(h).inv_sqrt(h, self.hessian_clip)))
     return out
 
   def estimate(self, noise, state, hyper, params, measured):
