@@ -525,7 +525,8 @@ def test_finetune_minilm_new_methods_default_to_their_measured_setting_on_sst2()
     assert example.has_default_lr("ft", name, True), name
     assert example.default_lr("ft", name, 400, True) == ft[name]["learning_rate"], name
     assert not example.has_default_lr("ft", name, False), name
-  assert example.method_options("ft", "zo_muon", True) == {"rank": 16, "num_directions": 4}
+  assert example.method_options("ft", "zo_muon", True) == {"rank": 16, "num_directions": 4,
+                                                               "layout": "torch"}
   assert example.method_options("ft", "zo_muon", False) == {}
   assert example.default_alpha("ft", "hizoo", True) == ft["hizoo"]["hessian_smoothing"]
   assert example.default_alpha("ft", "hizoo", False) == 1e-3
