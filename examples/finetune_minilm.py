@@ -897,7 +897,8 @@ def main(argv=None) -> None:
         settings.append(f"mu={mu:g}")
       if name in ("hizoo", "hizoo_l"):
         settings.append(f"alpha={alphas[name]:g}")
-      settings += [f"{k}={v:g}" for k, v in options[name].items()]
+      settings += [f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                   for k, v in options[name].items()]
       print(f"{desc}: {' '.join(settings)}, {n_train:,} trainable params, {steps} steps",
             flush=True)
       ckpt = os.path.join(args.ckpt_dir, f"{name}_seed{seed}") if args.ckpt_dir else None

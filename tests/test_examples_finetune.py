@@ -579,8 +579,10 @@ def test_finetune_minilm_compares_new_methods_at_their_measured_settings(tmp_pat
                     "--optimizer", "fzoo,zo_muon", "--lr", "fzoo=1e-3", "--out", str(tmp_path),
                     timeout=1800)
   assert "fzoo seed 0: lr=0.001 (constant) mu=0.001 num_directions=8," in out
-  assert "zo_muon seed 0: lr=0.01 (constant) mu=0.001 rank=16 num_directions=4," in out
+  assert ("zo_muon seed 0: lr=0.01 (constant) mu=0.001 rank=16 num_directions=4 layout=torch,"
+          in out)
   assert "alpha=" not in out
   res = check_outputs(str(tmp_path), ["fzoo", "zo_muon"])
   assert res["runs"]["zo_muon"][0]["lr"] == 1e-2
-  assert res["runs"]["zo_muon"][0]["options"] == {"rank": 16, "num_directions": 4}
+  assert res["runs"]["zo_muon"][0]["options"] == {"rank": 16, "num_directions": 4,
+                                                 "layout": "torch"}
