@@ -9,19 +9,16 @@
 
 from hizoo_jax import method, presets
 from hizoo_jax._src.accumulate import AccumulateState, accumulate
-from hizoo_jax._src.alias import (
-    forward_gradient,
-    fzoo,
-    hizoo,
-    hizoo_l,
-    lozo,
-    mezo,
-    sparse_mezo,
-    subzero,
-    zo_muon,
-)
 from hizoo_jax._src.curvature import FactoredHessian
 from hizoo_jax._src.global_rms import GlobalRMSState, scale_by_global_rms
+from hizoo_jax._src.methods.forward_gradient import forward_gradient, scale_by_forward_gradient
+from hizoo_jax._src.methods.fzoo import fzoo, scale_by_fzoo
+from hizoo_jax._src.methods.hizoo import HiZOOState, hizoo, hizoo_l, scale_by_hizoo
+from hizoo_jax._src.methods.lozo import lozo, scale_by_lozo
+from hizoo_jax._src.methods.sparse_mezo import scale_by_sparse_mezo, sparse_mezo
+from hizoo_jax._src.methods.spsa import mezo, scale_by_zo
+from hizoo_jax._src.methods.subzero import scale_by_subzero, subzero
+from hizoo_jax._src.methods.zo_muon import scale_by_zo_muon, zo_muon
 from hizoo_jax._src.sampling import (
     Sampler,
     fast_gaussian,
@@ -31,21 +28,7 @@ from hizoo_jax._src.sampling import (
 )
 from hizoo_jax._src.sharding import shard_state, state_shardings
 from hizoo_jax._src.train_step import RESTORE_MODES, make_train_step
-from hizoo_jax._src.transform import (
-    HiZOOState,
-    ZOState,
-    forward_passes,
-    get_hessian,
-    scale_by_forward_gradient,
-    scale_by_fzoo,
-    scale_by_hizoo,
-    scale_by_lozo,
-    scale_by_sparse_mezo,
-    scale_by_subzero,
-    scale_by_zo,
-    scale_by_zo_muon,
-    zo_states,
-)
+from hizoo_jax._src.transform import ZOState, forward_passes, get_hessian, zo_states
 
 __version__ = "0.4.1"
 

@@ -50,6 +50,7 @@ import numpy as np
 import optax
 
 from hizoo_jax._src import alias
+from hizoo_jax._src.methods import ALIASES
 
 PAPER: Mapping[str, Any] = MappingProxyType(
     dict(mu=1e-3, hessian_smoothing=1e-8, estimator="paper", hessian_clip=(1e-8, 1e8)))
@@ -130,8 +131,8 @@ def hizoo(
   def make(params):
     kwargs = {**recommended(params), **options}
     if factored:
-      return alias.hizoo_l(learning_rate, **kwargs)
-    return alias.hizoo(learning_rate, **kwargs)
+      return ALIASES["hizoo_l"](learning_rate, **kwargs)
+    return ALIASES["hizoo"](learning_rate, **kwargs)
 
   def init_fn(params):
     return make(params).init(params)
@@ -189,7 +190,7 @@ def mezo(peak_lr: float, total_steps: int, *, floor: float = DECAY_FLOOR,
     floor: the final learning rate as a fraction of ``peak_lr``.
     **options: further keywords of :func:`hizoo_jax.mezo` (``mu``, ``seed``, ...).
   """
-  return alias.mezo(decay_to_floor(peak_lr, total_steps, floor), **options)
+  return ALIASES["mezo"](decay_to_floor(peak_lr, total_steps, floor), **options)
 
 
 def fzoo(peak_lr: float, total_steps: int, *, num_directions: int = 8,
@@ -211,7 +212,7 @@ def fzoo(peak_lr: float, total_steps: int, *, num_directions: int = 8,
     floor: the final learning rate as a fraction of ``peak_lr``.
     **options: further keywords of :func:`hizoo_jax.fzoo` (``mu``, ``seed``, ...).
   """
-  return alias.fzoo(decay_to_floor(peak_lr, total_steps, floor),
+  return ALIASES["fzoo"](decay_to_floor(peak_lr, total_steps, floor),
                     num_directions=num_directions, **options)
 
 
@@ -261,4 +262,4 @@ def measured(method: str, task: str = "sst2_ft", **options: Any
                      f"{sorted(MEASURED[task])}")
   kw = {**MEASURED[task][method], **options}
   learning_rate = kw.pop("learning_rate")
-  return getattr(alias, method)(learning_rate, **kw)
+  return ALIASES[method](learning_rate, **kw)

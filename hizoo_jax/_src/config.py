@@ -191,3 +191,15 @@ def check_params(params: Any) -> None:
           "transforms perturb floating-point params only. Pass the trainable params alone "
           "and close over the rest in value_fn (or freeze them with optax.masked)."
       )
+
+
+def probes(num_directions: Any) -> int | None:
+  """``num_directions`` as the static number of probes, or None when it is traced
+  (``optax.inject_hyperparams``): then the state's shape tells (``zo_transform``)."""
+  return check_int("num_directions", num_directions, 1)
+
+
+def static_int(name: str, value: Any) -> int | None:
+  """A static int option (it shapes the state), or None when it arrives traced (under
+  ``optax.inject_hyperparams``): the method then recovers it from the state's shapes."""
+  return check_int(name, value, 1)

@@ -23,13 +23,15 @@ has fewer than two finite probe losses is skipped (params unchanged, counted).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from hizoo_jax._src import alias, sampling, transform
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
-from hizoo_jax._src import sampling
 from hizoo_jax._src.methods import spsa
 
 
@@ -73,3 +75,47 @@ class FZOO(m.Method):
     skipped = self.num_probes - jnp.where(ok, n, 0)
     projected = jnp.sum(jnp.where(finite, values - l0, 0)) / nf / hyper["mu"].astype(dtype)
     return g, state, dict(loss=l0, skipped=skipped, projected=projected)
+
+
+def scale_by_fzoo(
+    mu: float = 1e-3,
+    *,
+    num_directions: int = 8,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""FZOO's normalised one-sided estimate.
+
+  .. math::
+    g = \frac{1}{N \sigma} \sum_{j=1}^N \big(f(\theta + \mu u_j) - f(\theta)\big) u_j,
+    \qquad \sigma = \operatorname{std}_j f(\theta + \mu u_j)
+
+  with Rademacher ``u_j``: ``N + 1`` forward passes a step. ``g`` has the scale of a
+  normalised gradient (``mu`` cancels), so the learning rate is a step length.
+
+  Args:
+    mu: perturbation scale (> 0); defaults to the reference code's ``1e-3``.
+    num_directions: probes ``N`` per step (>= 2); the reference code's default 8.
+    mu_resolution: for 16-bit params, raise ``mu`` to at least ``mu_resolution *
+      eps(dtype) * rms(theta)`` (see :func:`scale_by_hizoo`; off by default).
+    sampler: default :data:`hizoo_jax.fast_rademacher` (the paper's noise, fused into the
+      passes); any sampler works.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Dang et al., "FZOO: Fast Zeroth-Order Optimizer for Fine-Tuning Large Language Models
+    towards Adam-Scale Speed", ICLR 2026.
+  """
+  sampler = sampling.fast_rademacher if sampler is None else cfg.check_sampler(
+      sampler, needs_gaussian=False)
+  method = FZOO(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                            num_probes=cfg.probes(num_directions))
+  return transform.zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution), seed)
+
+
+fzoo = alias.make_alias(
+    "fzoo", scale_by_fzoo,
+    "FZOO: one-sided Rademacher probes, the step normalised by the spread of their losses "
+    "(``N + 1`` forward passes, default ``N = 8``; learning rates far above MeZO's).",
+    "Dang et al., ICLR 2026.")

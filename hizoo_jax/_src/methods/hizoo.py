@@ -24,16 +24,20 @@ factored ones. A step with one probe replays nothing.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from hizoo_jax._src import alias, numerics, sampling, transform
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import curvature as curv
 from hizoo_jax._src import method as m
-from hizoo_jax._src import numerics, sampling
+from hizoo_jax._src.alias import ScalarOrSchedule
 from hizoo_jax._src.methods import spsa
 
 
@@ -267,3 +271,187 @@ def _leaves_of(hessian: Any, leaves: list) -> list:
     raise ValueError(f"the Hessian state has {len(h)} leaves but the params have "
                      f"{len(leaves)}: is the optimizer state from another model?")
   return h
+
+
+def scale_by_hizoo(
+    mu: float = 1e-3,
+    hessian_smoothing: ScalarOrSchedule = 1e-8,
+    *,
+    estimator: str = "paper",
+    num_directions: int = 1,
+    factored: bool = False,
+    min_dim_size_to_factor: int = 128,
+    hessian_update_every: int = 1,
+    hessian_clip: tuple[float, float] = (1e-8, 1e8),
+    hessian_init: float = 1.0,
+    hessian_dtype: Any = None,
+    curvature_floor: float = 4.0,
+    mu_resolution: float = 4.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Hessian-informed zeroth-order estimate (HiZOO, HiZOO-multi, HiZOO-L).
+
+  With ``H`` the running diagonal-Hessian estimate (``Sigma^{-1}`` in the paper)::
+
+    l0 = f(theta);  l+- = f(theta +- mu H^{-1/2} z)
+    est = |l+ + l- - 2 l0| / (2 mu^2) * H z^2              ("paper")
+        = (l+ + l- - 2 l0) / (2 mu^2) * H (z^2 - 1)        ("unbiased", MiNES; signed)
+    H  <- clip((1 - alpha) H + alpha est)
+    g  = (l+ - l-) / (2 mu) * H^{-1/2} z                   (with the updated H)
+
+  With ``num_directions = n`` the loop runs ``n`` times on the same batch (``l0`` once),
+  updating ``H`` after each direction, and emits the mean of the ``g_j``: ``1 + 2n``
+  forward passes. The emitted updates are ``g``, ready for ``optax.scale_by_learning_rate``
+  or any other Optax transformation.
+
+  A direction whose ``l0``/``l+``/``l-`` is not finite is dropped (no update, no Hessian
+  change, counted in ``skipped_directions``). A Hessian update whose second difference is
+  below ``curvature_floor * eps * max|l|`` of the loss dtype is skipped (counted in
+  ``skipped_hessian_updates``): it would feed rounding noise into the EMA. Values that
+  arrive traced cannot raise under ``jit``: a ``hessian_smoothing`` (or schedule value)
+  outside [0, 1] is clamped into it, and a ``mu`` that is not finite and > 0 skips the
+  step (params unchanged, directions counted as skipped).
+
+  Args:
+    mu: perturbation scale (> 0).
+    hessian_smoothing: EMA factor ``alpha`` in [0, 1], or a schedule of the step count.
+    estimator: ``"paper"`` (Algorithm 1) or ``"unbiased"`` (keeps the MiNES ``-Sigma^{-1}``
+      term and its sign, so ``E[est] = diag(A)``; the paper estimator's mean is
+      ``(tr A + 2 A_ii) / 2`` for ``H = I``). The clip keeps ``H > 0`` either way.
+    num_directions: directions per step (HiZOO-multi when > 1).
+    factored: store a rank-1 (row, column) Hessian for large matrices (HiZOO-L).
+    min_dim_size_to_factor: factor a leaf only if its last two dims are both at least this.
+    hessian_update_every: measure ``l0`` and update ``H`` every k-th step only (other steps
+      cost 2n forward passes instead of 1 + 2n).
+    hessian_clip: ``(lo, hi)`` bounds applied to ``H`` after every update (``0 < lo``).
+    hessian_init: initial value of ``H`` (> 0).
+    hessian_dtype: dtype of ``H``; default: at least float32 whatever the params' dtype
+      (a bf16/fp16 EMA with ``alpha = 1e-8`` never moves). Pass a string (``"float32"``)
+      under ``optax.inject_hyperparams``.
+    curvature_floor: multiple of ``eps * max|l|`` under which a second difference is
+      treated as rounding noise.
+    mu_resolution: for 16-bit params (bfloat16, float16), ``mu`` is raised to at least
+      ``mu_resolution * eps(dtype) * rms(theta)`` (rms over the leaves of that dtype), in
+      the perturbation, the gradient and the curvature alike: below a few ulp of a typical
+      param, ``theta + mu z`` rounds back to ``theta`` and ``H`` inflates on rounding
+      noise. ``0`` keeps ``mu`` as given; float32 params are never affected. The ``mu`` in
+      use is recorded in the state.
+    sampler: a :class:`hizoo_jax.Sampler` with Gaussian moments (or a function
+      ``sampler(key, shape, dtype)``): default :data:`hizoo_jax.fast_gaussian` (E z^2 = 1,
+      E z^4 = 3 exactly, fused into the passes that use it), or :data:`hizoo_jax.gaussian`
+      (exact normal, threefry; slower and it materialises the noise). Rademacher noise is
+      refused.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  Returns:
+    An :class:`optax.GradientTransformationExtraArgs`; call its update as
+    ``tx.update(updates, state, params, value_fn=f, key=None)``.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, hizoo_jax as hz
+    >>> tx = optax.chain(hz.scale_by_hizoo(mu=1e-2, hessian_smoothing=0.1), optax.sgd(0.1))
+    >>> params = {"w": jnp.ones(3)}
+    >>> state = tx.init(params)
+    >>> updates, state = tx.update(None, state, params, value_fn=lambda p: jnp.sum(p["w"] ** 2))
+    >>> hz.get_hessian(state)["w"].shape
+    (3,)
+
+  References:
+    Zhao et al., "Second-Order Fine-Tuning without Pain for LLMs: A Hessian Informed
+    Zeroth-Order Optimizer", ICLR 2025.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=True)
+  method = HiZOO(
+      sampler=sampler,
+      key_impl=cfg.key_impl_of(seed),
+      num_probes=cfg.probes(num_directions),
+      estimator=estimator,
+      factored=bool(factored),
+      hessian_dtype=hessian_dtype,
+      hessian_clip=tuple(hessian_clip) if isinstance(hessian_clip, list) else hessian_clip,
+  )
+  hyper = dict(mu=mu, mu_resolution=mu_resolution, hessian_smoothing=hessian_smoothing,
+               hessian_update_every=hessian_update_every, hessian_init=hessian_init,
+               min_dim_size_to_factor=min_dim_size_to_factor, curvature_floor=curvature_floor)
+  return transform.zo_transform(method, hyper, seed)
+
+
+HIZOO_OPTIONS: tuple[inspect.Parameter, ...] = tuple(
+    p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+    for p in inspect.signature(scale_by_hizoo).parameters.values())
+"""The options of :func:`scale_by_hizoo`, which the aliases take as keywords too."""
+
+
+def hizoo(
+    learning_rate: ScalarOrSchedule,
+    *,
+    weight_decay: float = 0.0,
+    weight_decay_mask: Any = None,
+    **options: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """HiZOO: ``theta <- theta - lr * (g_hizoo + weight_decay * theta)``.
+
+  The defaults are ``mu=1e-3`` (the paper's) and ``hessian_smoothing=1e-8`` (the paper
+  states no value; the reference code's READMEs disagree: 1e-6 for full fine-tuning and
+  1e-10 for LoRA in its 2024 RoBERTa README, the reverse in its 2024 OPT README, 1e-8 in
+  its current one, and its scripts default to 0; see :mod:`hizoo_jax.presets`,
+  :data:`~hizoo_jax.presets.REFERENCE_FT`, :data:`~hizoo_jax.presets.REFERENCE_LORA`). On
+  small models that ``alpha`` barely moves the Hessian from 1, and HiZOO then behaves like
+  MeZO with one more forward pass; :func:`hizoo_jax.presets.hizoo` sets
+  ``alpha = 0.5 / d`` (d = number of params) and ``mu = 1e-2`` instead.
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    weight_decay: L2 coefficient added to the estimate, ``g + weight_decay * theta``, on the
+      leaves of ``weight_decay_mask``.
+    weight_decay_mask: a tree of bools (or a callable of the params returning one) selecting
+      the decayed leaves; by default the leaves with ``ndim >= 2`` (biases and norm scales
+      are not decayed, as in the reference trainers and Hugging Face).
+    **options: every option of :func:`hizoo_jax.scale_by_hizoo` (``mu``,
+      ``hessian_smoothing``, ``estimator``, ``num_directions``, ``factored``, ...).
+
+  Example:
+    >>> import jax.numpy as jnp, hizoo_jax as hz
+    >>> tx = hz.hizoo(1e-2, mu=1e-2, hessian_smoothing=1e-3)
+    >>> params = {"w": jnp.ones(4)}
+    >>> step = hz.make_train_step(tx, lambda p, x: jnp.sum((p["w"] - x) ** 2))
+    >>> params, state, loss = step(params, tx.init(params), jnp.zeros(4))
+    >>> float(loss)  # l0 = f(theta) on a Hessian step
+    4.0
+
+  References:
+    Zhao et al., "Second-Order Fine-Tuning without Pain for LLMs: A Hessian Informed
+    Zeroth-Order Optimizer", ICLR 2025, Algorithms 1 and 3.
+  """
+  return alias.with_decay_and_lr(scale_by_hizoo(**options), learning_rate, weight_decay,
+                            weight_decay_mask)
+
+
+hizoo.__signature__ = alias.signature(HIZOO_OPTIONS)  # type: ignore[attr-defined]
+
+
+def hizoo_l(
+    learning_rate: ScalarOrSchedule,
+    *,
+    weight_decay: float = 0.0,
+    weight_decay_mask: Any = None,
+    **options: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """HiZOO-L: HiZOO with a rank-1 (Adafactor-style) Hessian for large matrices.
+
+  A ``p x q`` matrix leaf keeps ``p + q`` Hessian floats instead of ``p q``; leaves whose
+  last two dims are not both ``>= min_dim_size_to_factor`` (and vectors) keep a dense
+  Hessian. Arguments as in :func:`hizoo` (``factored`` is implied).
+
+  References:
+    Zhao et al., ICLR 2025, Appendix D.1, Algorithm 2; Shazeer & Stern, 2018 (Adafactor).
+  """
+  if "factored" in options:
+    raise TypeError("hizoo_l() is hizoo(factored=True); it takes no 'factored' argument")
+  return hizoo(learning_rate, weight_decay=weight_decay, weight_decay_mask=weight_decay_mask,
+               factored=True, **options)
+
+
+hizoo_l.__signature__ = alias.signature(  # type: ignore[attr-defined]
+    HIZOO_OPTIONS, drop=("factored",))

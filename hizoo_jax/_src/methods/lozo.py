@@ -26,14 +26,16 @@ scaled by the rank. Unlike the reference code, the ``U`` of the update is always
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from hizoo_jax._src import alias, numerics, sampling, transform
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
-from hizoo_jax._src import numerics
 from hizoo_jax._src.methods import lowrank as lr
 from hizoo_jax._src.methods import spsa
 
@@ -181,3 +183,61 @@ class LOZO(m.Method):
     stats = dict(loss=(lp[0] + lm[0]) / 2, skipped=1 - finite.astype(jnp.int32),
                  projected=c.astype(dtype))
     return g, new_state, stats
+
+
+def scale_by_lozo(
+    mu: float = 1e-3,
+    *,
+    rank: int = 2,
+    resample_every: int = 50,
+    momentum: float = 0.0,
+    mu_resolution: float = 0.0,
+    layout: str = "flax",
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""LOZO's low-rank SPSA estimate (LOZO-M with ``momentum > 0``).
+
+  Each matrix leaf is perturbed along ``Z = U V^T`` (``U [m, r]`` fresh every step, ``V
+  [n, r]`` redrawn every ``resample_every`` steps), vectors along a full Gaussian ``z``;
+  ``g = c Z`` with ``c = (l+ - l-) / (2 mu)``. With ``momentum = beta`` the estimate is
+  ``M V^T`` for a momentum ``M = beta M + (1 - beta) c U`` kept in the ``[m, r]`` factor
+  space (vectors: a leaf-sized momentum), carried over to a redrawn ``V`` as
+  ``M V_old^T V / n``. Two forward passes a step; the perturbation is formed inside the
+  passes, never stored at params size. ``m`` and ``n`` are the rows and columns of the
+  reference's PyTorch weight ``[out, in]``: on a Flax kernel ``[in, out]`` the fresh ``U``
+  lies along ``out`` (the last axis) and the lazy ``V`` along ``in`` (``layout``).
+
+  Args:
+    mu: perturbation scale (> 0); the reference code's ``1e-3``.
+    rank: ``r`` (clipped to each matrix's smaller dimension); the reference code's 2.
+    resample_every: steps between redraws of ``V`` (``nu``); the reference code's 50.
+    momentum: LOZO-M's ``beta`` in [0, 1); 0 is LOZO. The reference scripts use 0.9.
+      Whether it is 0 is fixed at ``init`` (it decides the state); its value may be
+      injected or scheduled.
+    mu_resolution: as in :func:`scale_by_zo`.
+    layout: where a matrix leaf holds the reference's rows (PyTorch's ``out``): ``"flax"``
+      (default) on the last axis of every matrix leaf but embedding tables (a leaf whose
+      path ends in a key ``embedding``: ``[num_embeddings, features]``, PyTorch's layout);
+      ``"torch"``: on axis -2 of every matrix leaf (weights kept as ``[out, in]``).
+    sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`); the
+      factors are Gaussian.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Chen et al., "Enhancing Zeroth-Order Fine-Tuning for Language Models with Low-Rank
+    Structures", ICLR 2025.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  beta = cfg.concrete(momentum)
+  method = LOZO(sampler=sampler, key_impl=cfg.key_impl_of(seed), num_probes=1,
+                            rank=cfg.static_int("rank", rank), layout=layout,
+                            with_momentum=None if beta is None else bool(beta != 0))
+  return transform.zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution, momentum=momentum,
+                                   resample_every=resample_every), seed)
+
+
+lozo = alias.make_alias(
+    "lozo", scale_by_lozo,
+    "LOZO / LOZO-M: low-rank ``U V^T`` perturbations per matrix (``momentum > 0``: LOZO-M).",
+    "Chen et al., ICLR 2025.")

@@ -34,12 +34,15 @@ a leaf whose size is not a multiple of 32.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from hizoo_jax._src import alias, sampling, transform
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src.methods import spsa
 
@@ -125,3 +128,51 @@ class SparseMeZO(spsa.SPSA):
     if packed is None:
       return z
     return jnp.where(unpack(packed, z.shape), z, jnp.zeros((), z.dtype))
+
+
+def scale_by_sparse_mezo(
+    mu: float = 1e-3,
+    *,
+    sparsity: float = 0.8,
+    num_directions: int = 1,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Sparse MeZO's masked SPSA estimate.
+
+  .. math::
+    g = \frac{f(\theta + \mu\, m \odot z) - f(\theta - \mu\, m \odot z)}{2\mu}\,
+        m \odot z, \qquad m = |\theta| \le h
+
+  per weight matrix, with ``h`` the ``(1 - sparsity)`` quantile of ``|theta|`` at ``init``
+  (``sparsity = 0.8``: the 20% smallest weights of each matrix are perturbed and
+  updated); the mask is recomputed from the params at every step. Leaves with fewer than
+  two dimensions are perturbed whole, and so are matrices whose quantile is 0 at ``init``
+  (no spread: LoRA's ``B``, a zero-initialised head), which a zero threshold would mask out
+  after their first move.
+
+  Args:
+    mu: perturbation scale (> 0), MeZO's default ``1e-3``.
+    sparsity: fraction of each matrix left out, in [0, 1); 0.8, the paper's best on
+      most tasks.
+    num_directions: directions averaged per step (2 forward passes each).
+    mu_resolution: as in :func:`scale_by_zo`.
+    sampler: default :data:`hizoo_jax.fast_gaussian`; any sampler works.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Liu et al., "Sparse MeZO: Less Parameters for Better Performance in Zeroth-Order LLM
+    Fine-Tuning", NeurIPS 2025.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  method = SparseMeZO(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                                    num_probes=cfg.probes(num_directions))
+  return transform.zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution, sparsity=sparsity),
+                      seed)
+
+
+sparse_mezo = alias.make_alias(
+    "sparse_mezo", scale_by_sparse_mezo,
+    "Sparse MeZO: MeZO on the small-magnitude weights of each matrix (default 20%).",
+    "Liu et al., NeurIPS 2025.")

@@ -12,14 +12,18 @@ Passes", NeurIPS 2023 (MeZO).
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from hizoo_jax._src import alias, numerics, sampling, transform
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
-from hizoo_jax._src import numerics
+from hizoo_jax._src.alias import ScalarOrSchedule
 
 
 def mu_in_effect(hyper: dict[str, Any], params: Any) -> dict[str, jax.Array]:
@@ -76,3 +80,98 @@ class SPSA(m.Method):
     stats = dict(loss=jnp.mean((lp + lm) / 2), skipped=self.num_probes - n_valid,
                  projected=projected)
     return g, state, stats
+
+
+def scale_by_zo(
+    mu: float = 1e-3,
+    *,
+    num_directions: int = 1,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Zeroth-order (SPSA) gradient estimate, as used by MeZO.
+
+  .. math::
+    g = \frac{1}{n}\sum_{j=1}^n \frac{f(\theta + \mu z_j) - f(\theta - \mu z_j)}{2\mu} z_j,
+    \qquad z_j \sim \mathcal{N}(0, I)
+
+  The emitted updates are ``g`` (an estimate of the gradient), so chain it like a gradient:
+  ``optax.chain(scale_by_zo(), optax.scale_by_adam(), optax.scale(-lr))`` is ZO-Adam.
+  Call as ``tx.update(updates, state, params, value_fn=f)``; ``updates`` is ignored.
+
+  Args:
+    mu: perturbation scale (> 0).
+    num_directions: directions ``n`` averaged per step (2n forward passes).
+    mu_resolution: for 16-bit params, raise ``mu`` to at least ``mu_resolution * eps(dtype) *
+      rms(theta)`` so that the perturbation survives rounding (see
+      :func:`scale_by_hizoo`; off by default here: MeZO's estimate tolerates it).
+    sampler: a :class:`hizoo_jax.Sampler` or a function ``sampler(key, shape, dtype)``;
+      default :data:`hizoo_jax.fast_gaussian` (Gaussian moments through the fourth, fused
+      into the passes that use it); :data:`hizoo_jax.gaussian` (exact normal, threefry) and
+      :data:`hizoo_jax.rademacher` work too.
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  Returns:
+    An :class:`optax.GradientTransformationExtraArgs`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, hizoo_jax as hz
+    >>> tx = optax.chain(hz.scale_by_zo(mu=1e-3), optax.sgd(0.1))
+    >>> params = {"w": jnp.ones(3)}
+    >>> state = tx.init(params)
+    >>> loss = lambda p: jnp.sum(p["w"] ** 2)
+    >>> updates, state = tx.update(None, state, params, value_fn=loss)
+    >>> float(loss(optax.apply_updates(params, updates))) < 3.0
+    True
+
+  References:
+    Spall, 1992 (SPSA); Malladi et al., "Fine-Tuning Language Models with Just Forward
+    Passes", NeurIPS 2023 (MeZO).
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  n = cfg.probes(num_directions)
+  method = SPSA(sampler=sampler, key_impl=cfg.key_impl_of(seed), num_probes=n)
+  return transform.zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution), seed)
+
+
+def mezo(
+    learning_rate: ScalarOrSchedule,
+    *,
+    weight_decay: float = 0.0,
+    weight_decay_mask: Any = None,
+    **options: Any,
+) -> optax.GradientTransformationExtraArgs:
+  """MeZO / ZO-SGD: ``theta <- theta - lr * (g_spsa + weight_decay * theta)``.
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    weight_decay: L2 coefficient added to the estimate, ``g + weight_decay * theta``, on the
+      leaves of ``weight_decay_mask``.
+    weight_decay_mask: a tree of bools (or a callable of the params returning one) selecting
+      the decayed leaves; by default the leaves with ``ndim >= 2`` (biases and norm scales
+      are not decayed, as in the reference trainers and Hugging Face).
+    **options: ``mu``, ``num_directions``, ``sampler``, ``seed``: as in
+      :func:`hizoo_jax.scale_by_zo`.
+
+  Example:
+    >>> import jax.numpy as jnp, hizoo_jax as hz
+    >>> tx = hz.mezo(1e-2, mu=1e-3)
+    >>> params = {"w": jnp.ones(4)}
+    >>> step = hz.make_train_step(tx, lambda p, x: jnp.sum((p["w"] - x) ** 2))
+    >>> params, state, loss = step(params, tx.init(params), jnp.zeros(4))
+    >>> float(loss) > 0
+    True
+
+  References:
+    Malladi et al., "Fine-Tuning Language Models with Just Forward Passes", NeurIPS 2023.
+  """
+  return alias.with_decay_and_lr(scale_by_zo(**options), learning_rate, weight_decay,
+                            weight_decay_mask)
+
+
+_ZO_OPTIONS = tuple(
+    p.replace(kind=alias.KEYWORD_ONLY) for p in inspect.signature(scale_by_zo).parameters.values())
+
+
+mezo.__signature__ = alias.signature(_ZO_OPTIONS)  # type: ignore[attr-defined]

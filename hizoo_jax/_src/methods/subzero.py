@@ -19,12 +19,16 @@ built without it); ``hz.subzero(..., weight_decay=...)`` applies it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from hizoo_jax._src import alias, sampling, transform
+from hizoo_jax._src import config as cfg
 from hizoo_jax._src.methods import lowrank as lr
 from hizoo_jax._src.methods import spsa
 
@@ -104,3 +108,46 @@ class SubZero(spsa.SPSA):
     new_state = SubZeroState(u=tuple(s[0] for s in subspaces),
                              v=tuple(s[1] for s in subspaces))
     return g, new_state, stats
+
+
+def scale_by_subzero(
+    mu: float = 1e-3,
+    *,
+    rank: int = 8,
+    resample_every: int = 2000,
+    num_directions: int = 1,
+    mu_resolution: float = 0.0,
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""SubZero's SPSA estimate in random orthonormal subspaces.
+
+  Each matrix leaf is perturbed along ``Z = sqrt(m n) / r * U Z0 V^T`` with orthonormal
+  ``U [m, r]``, ``V [n, r]`` (QR of Gaussians, redrawn every ``resample_every`` steps) and
+  a fresh ``Z0 [r, r]`` every step; vectors along a full Gaussian ``z``. ``g = c Z``, two
+  forward passes a probe.
+
+  Args:
+    mu: perturbation scale (> 0); the reference code's ``1e-3``.
+    rank: ``r`` (clipped to each matrix's smaller dimension); the reference code's 8.
+    resample_every: steps between redraws of ``U`` and ``V``; the reference code's 2000.
+    num_directions: probes averaged per step.
+    mu_resolution: as in :func:`scale_by_zo`.
+    sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`).
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    Yu et al., "Zeroth-Order Fine-Tuning of LLMs in Random Subspaces", ICCV 2025.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  method = SubZero(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                                  num_probes=cfg.probes(num_directions),
+                                  rank=cfg.static_int("rank", rank))
+  return transform.zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
+                                   resample_every=resample_every), seed)
+
+
+subzero = alias.make_alias(
+    "subzero", scale_by_subzero,
+    "SubZero: SPSA in random orthonormal subspaces of each matrix.",
+    "Yu et al., ICCV 2025.")

@@ -30,14 +30,16 @@ each probe on those steps and updates with the last one).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from hizoo_jax._src import alias, numerics, sampling, transform
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
-from hizoo_jax._src import numerics
 from hizoo_jax._src.methods import lowrank as lr
 from hizoo_jax._src.methods import spsa
 
@@ -179,3 +181,64 @@ class ZOMuon(m.Method):
         g.append(acc)
     return g, ZOMuonState(p=tuple(new_p)), dict(loss=l0, skipped=self.num_probes - n,
                                                 projected=jnp.sum(coefs).astype(dtype))
+
+
+def scale_by_zo_muon(
+    mu: float = 1e-3,
+    *,
+    rank: int = 64,
+    num_directions: int = 4,
+    resample_every: int = 100,
+    vector_scale: float = 1e-5,
+    mu_resolution: float = 0.0,
+    layout: str = "flax",
+    sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
+    seed: int | jax.Array = 0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""ZO-Muon's orthogonalised subspace estimate.
+
+  Per matrix leaf, with a Haar-orthonormal ``P [m, r]`` (redrawn every ``resample_every``
+  steps) and ``q`` one-sided probes ``l_i = f(theta + mu P u_i)``, ``u_i [r, n]``:
+  ``g = P NS5(R)``, ``R = 1/q sum_i (l_i - l0) / mu u_i``, with Muon's Newton-Schulz
+  orthogonalisation ``NS5`` of the small ``r x n`` estimate. Vectors get ``vector_scale``
+  times the one-sided estimate. ``q + 1`` forward passes a step. ``m`` and ``n`` are the
+  rows and columns of the reference's PyTorch weight ``[out, in]``: on a Flax kernel ``[in,
+  out]`` the subspace ``P`` lies along ``out`` (the last axis; ``layout``).
+
+  Args:
+    mu: perturbation scale (> 0); the reference code's ``1e-3``.
+    rank: ``r`` (clipped to each matrix's smaller dimension); the reference README's 64.
+    num_directions: probes ``q``; the reference's 4.
+    resample_every: steps between redraws of ``P``; the reference README's 100.
+    vector_scale: the vectors' estimate relative to the matrices' (the reference's
+      vector learning rate 1e-7 over its matrix learning rate 1e-2).
+    mu_resolution: as in :func:`scale_by_zo`.
+    layout: where a matrix leaf holds the reference's rows, as in :func:`scale_by_lozo`.
+    sampler: noise of the vector leaves (default :data:`hizoo_jax.fast_gaussian`).
+    seed: int seed or PRNG key; the state carries the key and advances it every step.
+
+  References:
+    ZO-Muon, arXiv 2602.17155, 2026; Jordan et al., Muon (2024), for Newton-Schulz.
+  """
+  sampler = cfg.check_sampler(sampler, needs_gaussian=False)
+  method = ZOMuon(sampler=sampler, key_impl=cfg.key_impl_of(seed),
+                                 num_probes=cfg.probes(num_directions),
+                                 rank=cfg.static_int("rank", rank), layout=layout)
+  return transform.zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution,
+                                   resample_every=resample_every, vector_scale=vector_scale),
+                      seed)
+
+
+zo_muon = alias.make_alias(
+    "zo_muon", scale_by_zo_muon,
+    "ZO-Muon: subspace probes and a Newton-Schulz-orthogonalised step per matrix (the "
+    "learning rate is a step length: 1e-2 in the reference README).",
+    "arXiv 2602.17155, 2026.",
+    extra="""
+
+  Vectors step at ``vector_scale`` times the learning rate, and so does their weight decay
+  when ``weight_decay_mask`` selects them: ``lr * vector_scale * weight_decay * theta``
+  (the reference trainer's ``1e-7 * weight_decay`` at its ``lr = 1e-2``). The default
+  mask decays no vector, as the reference does on OPT (whose vectors are all biases and
+  layer norms).""",
+    scaled_vectors=True)
