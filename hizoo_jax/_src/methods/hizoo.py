@@ -425,7 +425,7 @@ def hizoo(
     Zeroth-Order Optimizer", ICLR 2025, Algorithms 1 and 3.
   """
   return alias.with_decay_and_lr(scale_by_hizoo(**options), learning_rate, weight_decay,
-                            weight_decay_mask)
+                                 weight_decay_mask)
 
 
 hizoo.__signature__ = alias.signature(HIZOO_OPTIONS)  # type: ignore[attr-defined]

@@ -167,11 +167,9 @@ def mezo(
     Malladi et al., "Fine-Tuning Language Models with Just Forward Passes", NeurIPS 2023.
   """
   return alias.with_decay_and_lr(scale_by_zo(**options), learning_rate, weight_decay,
-                            weight_decay_mask)
+                                 weight_decay_mask)
 
 
 _ZO_OPTIONS = tuple(
     p.replace(kind=alias.KEYWORD_ONLY) for p in inspect.signature(scale_by_zo).parameters.values())
-
-
 mezo.__signature__ = alias.signature(_ZO_OPTIONS)  # type: ignore[attr-defined]
