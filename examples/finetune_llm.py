@@ -177,10 +177,18 @@ def write_smoke_model(directory: str, sentences: list[str]) -> str:
   return directory
 
 
+def training_pool(args, sentences) -> np.ndarray | None:
+  """The rows k-shot sets are drawn from: GLUE's train.tsv is mostly phrases of its
+  sentences, so draw from its whole sentences (the bundled set holds only sentences)."""
+  return data.whole_sentences(sentences) if args.rows == "sentences" else None
+
+
 def search_templates(args, model, tokenize, chat, pad, train) -> dict[str, float]:
   """Zero-shot accuracy of every template on a class-balanced validation split of train."""
-  per_class = min(SEARCH_PER_CLASS, int(np.bincount(train[1]).min()))
-  idx, _ = data.k_shot_split(train[1], per_class, seed=10_000, val_per_class=0)
+  pool = training_pool(args, train[0])
+  counts = np.bincount(train[1] if pool is None else train[1][pool])
+  per_class = min(SEARCH_PER_CLASS, int(counts.min()))
+  idx, _ = data.k_shot_split(train[1], per_class, seed=10_000, val_per_class=0, pool=pool)
   sentences, labels = [train[0][i] for i in idx], train[1][idx]
   accs = {}
   for name in TEMPLATES:
@@ -213,6 +221,9 @@ def main(argv=None) -> None:
   p.add_argument("--optimizer", default=DEFAULTS["optimizer"],
                  help=f"one of {', '.join(shared.OPTIMIZERS)}")
   p.add_argument("--k-shot", type=int, default=DEFAULTS["k_shot"])
+  p.add_argument("--rows", choices=("sentences", "all"), default=None,
+                 help="draw the k-shot set from train.tsv's whole sentences (default with "
+                      "--data: its other rows are phrases) or from all rows (default without)")
   p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
   p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
   p.add_argument("--lr", type=float, default=None)
@@ -229,6 +240,7 @@ def main(argv=None) -> None:
     p.error(f"unknown --optimizer {args.optimizer!r}; one of {', '.join(shared.OPTIMIZERS)}")
 
   sets = data.load_sst2(args.data or shared.SYNTHETIC)
+  args.rows = args.rows or ("sentences" if args.data else "all")
   tmp = None
   if args.smoke:
     sets = {k: (s[:24], y[:24]) for k, (s, y) in sets.items()}
@@ -259,7 +271,8 @@ def main(argv=None) -> None:
     clf = prompt.classifier(model, tokenize, tpl, share_prefix=not args.no_share_prefix)
     graphdef, params, frozen = peft.split_trainable(clf, args.mode)
     del clf, model
-    train_idx, _ = data.k_shot_split(sets["train"][1], args.k_shot, seed, val_per_class=0)
+    train_idx, _ = data.k_shot_split(sets["train"][1], args.k_shot, seed, val_per_class=0,
+                                     pool=training_pool(args, sets["train"][0]))
     train_s = [sets["train"][0][i] for i in train_idx]
     train_set = (*tpl.encode(tokenize, train_s, pad_id=pad), sets["train"][1][train_idx])
     dev_set = (*tpl.encode(tokenize, sets["dev"][0], pad_id=pad), sets["dev"][1])

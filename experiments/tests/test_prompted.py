@@ -28,7 +28,7 @@ tmp = {tmp!r}
 sets = data.load_sst2(finetune_llm.shared.SYNTHETIC)
 model = finetune_llm.write_smoke_model(os.path.join(tmp, "tiny"), sets["train"][0])
 common = ["--model", model, "--data", finetune_llm.shared.SYNTHETIC, "--k", "4", "--steps", "6",
-          "--evals", "2", "--batch-size", "4", "--lr", "3e-2"]
+          "--evals", "2", "--batch-size", "4", "--lr", "3e-2", "--rows", "all"]
 a = common + ["--table", os.path.join(tmp, "a.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "ca")]
 b = common + ["--table", os.path.join(tmp, "b.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "cb")]
 run.main(a + ["--stop-after", "4"])
@@ -57,5 +57,5 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
     assert ra["losses"] == rb["losses"] and ra["curve"] == rb["curve"]
     assert [c["step"] for c in ra["curve"]] == [0, 3, 6]
     assert [c["passes"] for c in ra["curve"]] == [0, 6, 12]  # MeZO: two passes a step
-    assert ra["val_per_class"] == 128 and ra["batch_size"] == 4
+    assert ra["val_per_class"] == 128 and ra["batch_size"] == 4 and ra["rows"] == "all"
     assert "test" not in ra
