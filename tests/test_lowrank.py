@@ -48,6 +48,7 @@ import pytest
 import hizoo_jax as hz
 from hizoo_jax._src import sampling
 from hizoo_jax._src.methods import lowrank
+from hizoo_jax.method import ZOCall
 from tests import test_engine as engine
 from tests.helpers import lean_step_extra, xla_env
 
@@ -447,7 +448,7 @@ def test_compositions_follow_the_plain_path(name):
 
 
 def test_an_estimate_of_some_leaves_equals_the_full_estimate_there():
-  """``zo_leaves`` (the lean engine's call per group of leaves when it orders ZO-Muon's
+  """``ZOCall.leaves`` (the lean engine's call per group of leaves when it orders ZO-Muon's
   products): the estimate of the named leaves as in the full call, zeros elsewhere, and the
   whole new state."""
   tx = hz.zo_muon(1e-2, rank=32, num_directions=2, resample_every=2, vector_scale=0.5)
@@ -455,8 +456,9 @@ def test_an_estimate_of_some_leaves_equals_the_full_estimate_there():
   state = tx.init(params)
   losses = (jnp.asarray(1.0), jnp.asarray([1.1, 0.95]))
   for _ in range(2):  # a step that redraws the projectors, then one that keeps them
-    full, full_state = tx.update(None, state, params, zo_losses=losses)
-    some, some_state = tx.update(None, state, params, zo_losses=losses, zo_leaves=(0, 3))
+    full, full_state = tx.update(None, state, params, zo_call=ZOCall(losses=losses))
+    some, some_state = tx.update(None, state, params,
+                                 zo_call=ZOCall(losses=losses, leaves=(0, 3)))
     for i, (a, b) in enumerate(zip(jax.tree.leaves(full), jax.tree.leaves(some),
                                    strict=True)):
       np.testing.assert_array_equal(b, a if i in (0, 3) else np.zeros_like(a))

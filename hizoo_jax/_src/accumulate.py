@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hizoo_jax._src import transform
+from hizoo_jax._src import method, transform
 
 
 class AccumulateState(NamedTuple):
@@ -99,7 +99,8 @@ def accumulate(tx: optax.GradientTransformation, every_k: int
   def update_fn(updates, state, params=None, **extra):
     if not isinstance(state, AccumulateState):
       raise TypeError(f"expected the AccumulateState of accumulate's init, got {type(state)}")
-    if extra.get("zo_probe") is not None:  # the engine looking for the ZO transform
+    call = extra.get("zo_call") or method.ZOCall()
+    if call.is_probe:  # the engine looking for the ZO transform
       u, inner = tx.update(updates, state.inner, params, **extra)
       return u, state._replace(inner=inner)
     old = _the_zo_state(state.inner)
@@ -121,11 +122,11 @@ def accumulate(tx: optax.GradientTransformation, every_k: int
     # kept, so the new state gets a buffer of its own (measured in param bytes of
     # temporaries: HiZOO and momentum 1.0, Adam 1.5, MeZO and FZOO none; a lax.cond for
     # the state alone, the update still a select, measured no better: Adam 2.0).
-    rest = {n: v for n, v in extra.items() if n not in ("value_fn", "zo_losses")}
-    given = extra.get("zo_losses")
-    prepared = tuple(given[2:]) if given is not None else ()
+    rest = {n: v for n, v in extra.items() if n not in ("value_fn", "zo_call")}
+    prepared = tuple(call.losses[2:]) if call.losses is not None else ()
     means = (total_center / k, total_losses / k) + prepared
-    u, stepped = tx.update(updates, state.inner, params, zo_losses=means, **rest)
+    u, stepped = tx.update(updates, state.inner, params,
+                           zo_call=call.replace(losses=means), **rest)
     if k == 1:
       return u, state._replace(inner=stepped)
     emit = state.mini_step >= k - 1

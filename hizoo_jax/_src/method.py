@@ -99,6 +99,47 @@ class Measured(NamedTuple):
   values: jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class ZOCall:
+  """What a caller that runs the forward passes itself tells a zeroth-order transform:
+  ``tx.update(updates, state, params, zo_call=ZOCall(...))``.
+
+  It is the one keyword by which :func:`hizoo_jax.make_train_step` (and
+  :func:`hizoo_jax.accumulate`) talk to the transform inside any composition. A wrapper
+  forwards it with the other extra arguments, as ``optax.chain`` does; one that changes
+  what it wraps sees (:func:`hizoo_jax.guarded`) reads :attr:`probe` and
+  :attr:`losses` and rebuilds it with :meth:`replace`.
+
+  Attributes:
+    losses: ``(l0, values[, prepared])``: the loss at ``theta`` and one value per
+      measuring pass, measured by the caller at exactly this step's passes, and what the
+      method prepared from ``theta`` before the passes moved it; ``value_fn`` is then
+      not called. ``None``: the transform measures through ``value_fn``.
+    probe: the engine locating the transform: an object with ``record(method, params)``.
+      The transform records its method and its view of the params and returns its state
+      unchanged but for the options in effect (``hyper``); nothing is updated, so a
+      wrapper passes the call through without guarding or counting it.
+    leaves: flat indices of the leaves (of the transform's view of the params) whose
+      estimate the caller uses; the others may come back as zeros
+      (:meth:`Method.estimate_some`). The engine passes them when it orders the leaves of
+      a method whose products are matmuls (:attr:`Method.serial_products`).
+    outside: with ``leaves``, the values to emit for the other leaves (the engine's check
+      that the rest of the chain treats each leaf alone).
+  """
+
+  losses: tuple | None = None
+  probe: Any = None
+  leaves: tuple[int, ...] | None = None
+  outside: tuple | None = None
+
+  @property
+  def is_probe(self) -> bool:
+    return self.probe is not None
+
+  def replace(self, **changes: Any) -> ZOCall:
+    return dataclasses.replace(self, **changes)
+
+
 @dataclasses.dataclass
 class StepNoise:
   """The noise of one step: probe ``j``'s perturbation of leaf ``i``, regenerated on demand.

@@ -12,7 +12,7 @@ the reference trainer's ``param.data`` updates::
     theta = theta - 2 mu H^{-1/2} z       (in place)
     l-    = f(theta)
     theta = theta + mu H^{-1/2} z         (in place: theta again, up to rounding)
-    updates, state = tx.update(zeros, state, theta, zo_losses=(l0, l+, l-))
+    updates, state = tx.update(zeros, state, theta, zo_call=ZOCall(losses=(l0, l+, l-)))
     theta = theta + updates
 
 The last call runs the whole optimizer's own ``update`` with the measured losses, so the
@@ -43,11 +43,12 @@ the params' dtype in the same order.
 
 **Finding the ZO transform.** ``tx`` may be a bare ``scale_by_*``, an alias, a preset, a
 chain, ``optax.inject_hyperparams``, ``optax.MultiSteps``, ``optax.masked`` or
-``optax.multi_transform`` around one. The engine traces ``tx.update(..., zo_probe=p)``:
-the ZO transform records its static spec (sampler, clip, the mask of the params it sees)
-in ``p`` and returns its state with the hyperparameters in effect (``mu``, possibly
-injected or scheduled), which every wrapper passes through. The engine picks that state
-out of the result by its type. XLA drops the rest of the probe as dead code.
+``optax.multi_transform`` around one. The engine traces
+``tx.update(..., zo_call=ZOCall(probe=p))``: the ZO transform records its static spec
+(sampler, clip, the mask of the params it sees) in ``p`` and returns its state with the
+hyperparameters in effect (``mu``, possibly injected or scheduled), which every wrapper
+passes through. The engine picks that state out of the result by its type. XLA drops the
+rest of the probe as dead code.
 
 **One program.** At top level the step is one jitted executable with the params and the
 optimizer state donated; called inside a user's ``jit``, ``lax.scan`` or ``nnx.jit`` the
@@ -226,7 +227,8 @@ def _zeros_like(params):
 
 def _probe(tx, params, opt_state) -> tuple[list, list]:
   probe = _Probe()
-  _, probed = tx.update(_zeros_like(params), opt_state, params, zo_probe=probe)
+  _, probed = tx.update(_zeros_like(params), opt_state, params,
+                        zo_call=m.ZOCall(probe=probe))
   return probe.found, transform.zo_states(probed)
 
 
@@ -334,7 +336,7 @@ def _final_update(tx, params, opt_state, losses, loc=None):
   the step measured, so everything chained after the estimate is the plain path's code.
 
   One call computes both. The ZO transform then draws the noise of its Hessian update
-  with a key XLA cannot merge with the gradient's (``zo_losses`` tells it so), so the
+  with a key XLA cannot merge with the gradient's (``ZOCall.losses`` tells it so), so the
   params' pass and the state's pass each regenerate ``z`` rather than share a stored copy
   (an extra hash per element; measured: 1.0 param bytes of temporaries otherwise).
 
@@ -347,8 +349,8 @@ def _final_update(tx, params, opt_state, losses, loc=None):
   updates as unused, so each pass is still computed once.
   """
   method = None if loc is None else loc.method
-  updates, new_state = tx.update(_zeros_like(params), opt_state, params, zo_losses=losses,
-                                 value_params=params)
+  updates, new_state = tx.update(_zeros_like(params), opt_state, params,
+                                 zo_call=m.ZOCall(losses=losses), value_params=params)
   params_new = optax.apply_updates(params, updates)
   if method is not None and method.serial_products:
     return _serial_update(tx, params, opt_state, losses, params_new, new_state, loc)
@@ -357,8 +359,8 @@ def _final_update(tx, params, opt_state, losses, loc=None):
   zero = _after_written(params_new)
   l0, values, *rest = losses
   tied = (l0 + zero.astype(l0.dtype), values + zero.astype(values.dtype), *rest)
-  _, later = tx.update(_zeros_like(params), opt_state, params, zo_losses=tied,
-                       value_params=params)
+  _, later = tx.update(_zeros_like(params), opt_state, params,
+                       zo_call=m.ZOCall(losses=tied), value_params=params)
   return params_new, _with_method_states(new_state, later)
 
 
@@ -389,7 +391,7 @@ def _serial_update(tx, params, opt_state, losses, params_new, new_state, loc):
   the chain, so ordering them after the previous leaves' writes takes one ``update`` per
   group: each call's losses and method state depend on those writes by an exact zero
   (:func:`_after_whole`), and each call estimates its own group's leaves alone
-  (``zo_leaves``, ``Method.estimate_some``); XLA drops what a call computes for the other
+  (``ZOCall.leaves``, ``Method.estimate_some``); XLA drops what a call computes for the other
   leaves. The first call is the full ``update`` (its first group, and every leaf outside
   the ZO transform). The new state comes from the last call: its reads of the method's
   state (e.g. ZO-Muon's projectors) come after every other call's, so the state is written
@@ -409,8 +411,8 @@ def _serial_update(tx, params, opt_state, losses, params_new, new_state, loc):
     zero = _after_whole([out[position[i]] for i in prev])
     tied = (l0 + zero.astype(l0.dtype), values + zero.astype(values.dtype), *rest)
     updates, state = tx.update(_zeros_like(params), _tied_method_states(opt_state, zero),
-                               params, zo_losses=tied, value_params=params,
-                               zo_leaves=tuple(group))
+                               params, value_params=params,
+                               zo_call=m.ZOCall(losses=tied, leaves=tuple(group)))
     later = jax.tree.leaves(optax.apply_updates(params, updates))
     for i in group:
       out[position[i]] = later[position[i]]
@@ -430,9 +432,9 @@ def _leafwise(tx, params, opt_state, losses, position, group) -> bool:
              for i, k in enumerate(position) if i not in group]
 
   def updates_of_group(outside):
-    updates, state = tx.update(_zeros_like(params), opt_state, params, zo_losses=losses,
-                               value_params=params, zo_leaves=tuple(sorted(group)),
-                               zo_outside=outside)
+    call = m.ZOCall(losses=losses, leaves=tuple(sorted(group)), outside=outside)
+    updates, state = tx.update(_zeros_like(params), opt_state, params, zo_call=call,
+                               value_params=params)
     ups = jax.tree.leaves(updates)
     return [ups[position[i]] for i in sorted(group)], jax.tree.leaves(state)
 

@@ -13,18 +13,9 @@ Extra arguments of ``update`` (all keyword-only):
 * ``value_params``: the full params ``value_fn`` takes, when the transform sees only some
   of them (``optax.masked`` and ``optax.multi_transform`` hand it the selected leaves;
   :func:`hizoo_jax.make_train_step` passes this itself).
-* ``zo_losses = (l0, values[, prepared])``: the values measured by the caller at exactly
-  this step's passes (the engine measures them on in-place perturbed params), and what
-  the method prepared from the unperturbed params; ``value_fn`` is then not called.
-* ``zo_probe``: used by :func:`hizoo_jax.make_train_step` to find the transform inside any
-  composition; the call then records its method and view of the params and returns the
-  state unchanged but for the options in effect (``hyper``), which every wrapper passes
-  through.
-* ``zo_leaves``: flat indices of the leaves (of this transform's view of the params) whose
-  estimate the caller uses; the others may come back as zeros (``Method.estimate_some``).
-  The lean engine passes it when it orders the leaves of a method whose products are
-  matmuls (``Method.serial_products``), and, to check that the rest of the chain treats
-  each leaf alone, ``zo_outside``: the values to use for the other leaves.
+* ``zo_call``: a :class:`hizoo_jax.method.ZOCall` from a caller that runs the forward
+  passes itself (:func:`hizoo_jax.make_train_step`, :func:`hizoo_jax.accumulate`): the
+  losses it measured, or the engine's search for the transform.
 """
 
 from __future__ import annotations
@@ -184,10 +175,12 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
         method=state,
     )
 
-  def update_fn(updates, state, params=None, *, value_fn=None, key=None, zo_losses=None,
-                value_params=None, zo_probe=None, zo_leaves=None, zo_outside=None,
-                **extra_args):
+  def update_fn(updates, state, params=None, *, value_fn=None, key=None, value_params=None,
+                zo_call=None, **extra_args):
     del updates, extra_args  # ZO transforms measure the loss themselves.
+    call = m.ZOCall() if zo_call is None else zo_call
+    if not isinstance(call, m.ZOCall):
+      raise TypeError(f"zo_call must be a hizoo_jax.method.ZOCall, got {type(call).__name__}")
     if not is_zo_state(state):
       raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}: "
                       "build the optimizer state with state = tx.init(params) from this very "
@@ -198,34 +191,35 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
     num_measured = method.num_measured
     in_effect = method.in_effect(hyper, state.count, params, state.method)
     in_effect = jax.tree.map(lambda new, old: new.astype(old.dtype), in_effect, state.hyper)
-    if zo_probe is not None:
-      zo_probe.record(method, params)
+    if call.is_probe:
+      call.probe.record(method, params)
       return jax.tree.map(jnp.zeros_like, params), state._replace(hyper=in_effect)
 
     dtype = state.losses.dtype
     leaves, treedef = jax.tree.flatten(params)
     noise_key, next_key = keys_of(state, key)
-    if zo_losses is not None and len(zo_losses) > 2:
-      prepared = zo_losses[2]  # the engine's, from theta before its passes moved it
+    given = call.losses
+    if given is not None and len(given) > 2:
+      prepared = given[2]  # the caller's, from theta before its passes moved it
     else:
       prepared = method.prepare(leaves, state.method, in_effect)
-    noise = m.StepNoise(method.sampler, noise_key, leaves, lean=zo_losses is not None,
+    noise = m.StepNoise(method.sampler, noise_key, leaves, lean=given is not None,
                         prepared=prepared)
-    if zo_losses is None:
+    if given is None:
       value_fn = _resolve_value_fn(value_fn, params, value_params)
       measured = measure(method, noise, state.method, in_effect, treedef, leaves, value_fn,
                          dtype)
     else:
-      measured = m.Measured(jnp.asarray(zo_losses[0], dtype),
-                            jnp.asarray(zo_losses[1], dtype).reshape(num_measured))
-    if zo_leaves is None:
+      measured = m.Measured(jnp.asarray(given[0], dtype),
+                            jnp.asarray(given[1], dtype).reshape(num_measured))
+    if call.leaves is None:
       g, method_state, stats = method.estimate(noise, state.method, in_effect, leaves, measured)
     else:  # the lean engine's call for one group of leaves (Method.serial_products)
       g, method_state, stats = method.estimate_some(noise, state.method, in_effect, leaves,
-                                                    measured, frozenset(zo_leaves))
-      if zo_outside is not None:  # the engine's check that the chain is leafwise
-        rest = iter(zo_outside)
-        g = [a if i in zo_leaves else next(rest) for i, a in enumerate(g)]
+                                                    measured, frozenset(call.leaves))
+      if call.outside is not None:  # the engine's check that the chain is leafwise
+        rest = iter(call.outside)
+        g = [a if i in call.leaves else next(rest) for i, a in enumerate(g)]
     g = treedef.unflatten([a.astype(jnp.result_type(p))
                            for a, p in zip(g, leaves, strict=True)])
     passes_now = (num_measured * method.cost_per_measure
