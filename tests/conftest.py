@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 
+from tests.xla_flags import TEST_XLA_FLAGS
+
 # One XLA compilation cache for the whole test session: this process, the pytest-xdist
 # workers it starts and the subprocesses the tests start (the examples, the notebooks, the
 # 8-device suites) all inherit the environment. Many tests compile the same programs (the
@@ -46,8 +48,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 # any flags; tests/test_tunix.py's trainer comparisons therefore run in float64 with a
 # tolerance instead of asking for equal bits. HIZOO_TEST_FULL_XLA_OPT=1 keeps XLA's default
 # code generation (and so the programs a user compiles).
-TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                  "--xla_cpu_use_fusion_emitters=false")
 if os.environ.get("HIZOO_TEST_FULL_XLA_OPT") != "1" and TEST_XLA_FLAGS not in os.environ.get(
     "XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()

@@ -206,21 +206,6 @@ def test_no_page_cites_a_spec():
     assert not re.search(r"\bspec\b", text, re.I), name
 
 
-def _table(text: str, marker: str) -> dict[str, list[str]]:
-  """The Markdown table after ``marker``, as {first cell: the other cells}."""
-  section = text[text.index(marker):]
-  rows = {}
-  for line in section.splitlines()[1:]:
-    if not line.startswith("|"):
-      if rows:
-        break
-      continue
-    cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    if cells[0] not in ("method", "f") and not set(cells[0]) <= {"-"}:
-      rows[cells[0]] = cells[1:]
-  return rows
-
-
 def test_every_public_name_has_an_api_page():
   import hizoo_jax as hz
   from hizoo_jax import presets

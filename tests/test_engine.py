@@ -323,21 +323,21 @@ def test_the_in_place_schedule_folds_the_restore_and_merges_one_sided_probes():
   move), HiZOO 4 (its restore reads the old H, so it stays a pass). Each such pass
   regenerates the noise of every parameter, which on a small batch costs as much as the
   forward passes (benchmarks/RESULTS.md)."""
-  from hizoo_jax._src import train_step
+  from hizoo_jax._src.engine import passes
   from hizoo_jax._src.methods import fzoo, hizoo, spsa
 
-  rows, tail = train_step._schedule(spsa.SPSA(), inplace=True)
+  rows, tail = passes.schedule(spsa.SPSA(), inplace=True)
   assert [k for _, k in rows] == [1, 2] and tail == ((0, 1.0),)
-  rows, tail = train_step._schedule(fzoo.FZOO(num_probes=4), inplace=True)
+  rows, tail = passes.schedule(fzoo.FZOO(num_probes=4), inplace=True)
   assert [k for _, k in rows] == [1, 2, 3, 4] and tail == ((3, -1.0),)
   assert rows[1][0] == ((0, -1.0), (1, 1.0)) and rows[0][0] == ((0, 1.0), (0, 0.0))
-  rows, tail = train_step._schedule(hizoo.HiZOO(), inplace=True)
+  rows, tail = passes.schedule(hizoo.HiZOO(), inplace=True)
   assert [k for _, k in rows] == [1, 2, 0] and tail == ()
   # Two-sided with several probes: merging would pad most rows, so every pass is a row.
-  rows, tail = train_step._schedule(spsa.SPSA(num_probes=2), inplace=True)
+  rows, tail = passes.schedule(spsa.SPSA(num_probes=2), inplace=True)
   assert [len(mv) for mv, _ in rows] == [1] * 5 and tail == ((1, 1.0),)
   # An exact restore measures at offsets from theta and has nothing to restore.
-  rows, tail = train_step._schedule(spsa.SPSA(), inplace=False)
+  rows, tail = passes.schedule(spsa.SPSA(), inplace=False)
   assert rows == [(((0, 1.0),), 1), (((0, -1.0),), 2)] and tail == ()
 
 

@@ -75,7 +75,7 @@ def test_bfloat16_default_step_is_the_plain_update_bit_for_bit(name):
           f"f({name!r}); print('ok')")
   env = dict(os.environ, JAX_PLATFORMS="cpu", HIZOO_TEST_FULL_XLA_OPT="1")
   flags = os.environ.get("XLA_FLAGS", "")
-  from tests.conftest import TEST_XLA_FLAGS
+  from tests.xla_flags import TEST_XLA_FLAGS
   env["XLA_FLAGS"] = flags.replace(TEST_XLA_FLAGS, "").strip()
   out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
                        text=True, timeout=900)

@@ -208,7 +208,7 @@ class Method:
   # params-sized state (HiZOO with several probes: the stored H, from which the estimate
   # replays the probes' H_j while the state's pass writes the new H over it). Two passes
   # with no data dependency between them: XLA keeps a copy of the state for the reader.
-  # The lean engine then computes the state after the params (see train_step).
+  # The lean engine then computes the state after the params (see engine.update.final_update).
   state_after_params: ClassVar[bool] = False
   # The method's matrix directions are matmul products (a leaf-sized buffer each, which XLA
   # does not fuse into the pass that adds it to the leaf). XLA:CPU's default scheduler runs
@@ -217,7 +217,7 @@ class Method:
   # leaf's product formed after the previous leaf is written, in its passes and in its
   # update. It needs the default :meth:`displacement` (directions from
   # :meth:`direction_leaf`, each depending on the method's state) and a new state that no
-  # product feeds; the engine checks the rest of the chain itself (train_step._leafwise).
+  # product feeds; the engine checks the rest of the chain itself (engine.update._leafwise).
   serial_products: ClassVar[bool] = False
   sampler: sampling.Sampler = sampling.DEFAULT_SAMPLER
   key_impl: str = "threefry2x32"

@@ -130,33 +130,9 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
   method.check(hyper)
   cfg.check_seed(seed)
 
-  def resolved(params, state=None) -> m.Method:
-    """The method for these params, with its static options: from the options, or (traced
-    under inject_hyperparams: the number of probes, a low-rank method's rank) from the
-    shapes of the state that init built when they were concrete."""
-    method_ = method.for_params(params)
-    if state is not None:
-      method_ = method_.resolve(state.method)
-    if method_.num_probes is not None:
-      return method_
-    if state is None:
-      raise TypeError(
-          "num_directions must be a concrete int at init; under optax.inject_hyperparams "
-          "pass static_args=('num_directions',)")
-    per_probe = dataclasses.replace(method_, num_probes=1).num_measured
-    return dataclasses.replace(method_, num_probes=state.losses.shape[0] // per_probe)
-
-  def keys_of(state, key=None):
-    """``(noise key of this step, key of the next state)``."""
-    noise_key, next_key = sampling.split_state_key(
-        jax.random.wrap_key_data(state.key, impl=method.key_impl))
-    if key is not None:
-      noise_key, _ = sampling.split_state_key(cfg.as_typed_key(key, method.key_impl))
-    return noise_key, next_key
-
   def init_fn(params):
     cfg.check_params(params)
-    method_ = resolved(params)
+    method_ = _resolved(method, params)
     dtype = numerics.loss_dtype(params)
     count = jnp.zeros([], jnp.int32)
     state = method_.init(params, hyper)
@@ -186,58 +162,89 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
                       "build the optimizer state with state = tx.init(params) from this very "
                       "optimizer (another optimizer's state cannot be reused)")
     cfg.check_params(params)
-    method = resolved(params, state)
-    _check_state(method, hyper, state, params)
-    num_measured = method.num_measured
-    in_effect = method.in_effect(hyper, state.count, params, state.method)
+    method_ = _resolved(method, params, state)
+    _check_state(method_, hyper, state, params)
+    in_effect = method_.in_effect(hyper, state.count, params, state.method)
     in_effect = jax.tree.map(lambda new, old: new.astype(old.dtype), in_effect, state.hyper)
     if call.is_probe:
-      call.probe.record(method, params)
+      call.probe.record(method_, params)
       return jax.tree.map(jnp.zeros_like, params), state._replace(hyper=in_effect)
-
-    dtype = state.losses.dtype
-    leaves, treedef = jax.tree.flatten(params)
-    noise_key, next_key = keys_of(state, key)
-    given = call.losses
-    if given is not None and len(given) > 2:
-      prepared = given[2]  # the caller's, from theta before its passes moved it
-    else:
-      prepared = method.prepare(leaves, state.method, in_effect)
-    noise = m.StepNoise(method.sampler, noise_key, leaves, lean=given is not None,
-                        prepared=prepared)
-    if given is None:
+    if call.losses is None:
       value_fn = _resolve_value_fn(value_fn, params, value_params)
-      measured = measure(method, noise, state.method, in_effect, treedef, leaves, value_fn,
-                         dtype)
-    else:
-      measured = m.Measured(jnp.asarray(given[0], dtype),
-                            jnp.asarray(given[1], dtype).reshape(num_measured))
-    if call.leaves is None:
-      g, method_state, stats = method.estimate(noise, state.method, in_effect, leaves, measured)
-    else:  # the lean engine's call for one group of leaves (Method.serial_products)
-      g, method_state, stats = method.estimate_some(noise, state.method, in_effect, leaves,
-                                                    measured, frozenset(call.leaves))
-      if call.outside is not None:  # the engine's check that the chain is leafwise
-        rest = iter(call.outside)
-        g = [a if i in call.leaves else next(rest) for i, a in enumerate(g)]
-    g = treedef.unflatten([a.astype(jnp.result_type(p))
-                           for a, p in zip(g, leaves, strict=True)])
-    passes_now = (num_measured * method.cost_per_measure
-                  + in_effect["center"].astype(jnp.int32))
-    return g, ZOState(
-        count=optax.safe_increment(state.count),
-        key=jax.random.key_data(next_key).astype(state.key.dtype),
-        forward_passes=add_saturating(state.forward_passes, passes_now),
-        loss=stats["loss"].astype(dtype),
-        losses=measured.values.astype(dtype),
-        skipped_directions=state.skipped_directions
-        + jnp.asarray(stats["skipped"]).astype(state.skipped_directions.dtype),
-        projected=stats["projected"].astype(dtype),
-        hyper=in_effect,
-        method=method_state,
-    )
+    return _step(method_, state, in_effect, params, call, key, value_fn)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _resolved(method: m.Method, params: Any, state: ZOState | None = None) -> m.Method:
+  """The method for these params, with its static options: from the options, or (traced
+  under inject_hyperparams: the number of probes, a low-rank method's rank) from the shapes
+  of the state that init built when they were concrete."""
+  method = method.for_params(params)
+  if state is not None:
+    method = method.resolve(state.method)
+  if method.num_probes is not None:
+    return method
+  if state is None:
+    raise TypeError(
+        "num_directions must be a concrete int at init; under optax.inject_hyperparams "
+        "pass static_args=('num_directions',)")
+  per_probe = dataclasses.replace(method, num_probes=1).num_measured
+  return dataclasses.replace(method, num_probes=state.losses.shape[0] // per_probe)
+
+
+def _keys(method: m.Method, state: ZOState, key: Any = None):
+  """``(noise key of this step, key of the next state)``; ``key`` overrides the former."""
+  noise_key, next_key = sampling.split_state_key(
+      jax.random.wrap_key_data(state.key, impl=method.key_impl))
+  if key is not None:
+    noise_key, _ = sampling.split_state_key(cfg.as_typed_key(key, method.key_impl))
+  return noise_key, next_key
+
+
+def _step(method: m.Method, state: ZOState, in_effect: dict, params: Any, call: m.ZOCall,
+          key: Any, value_fn: Callable[[Any], Any] | None) -> tuple[Any, ZOState]:
+  """``(g, new state)``: the losses measured here through ``value_fn``, or the caller's
+  (``call.losses``), turned into the method's estimate."""
+  dtype = state.losses.dtype
+  num_measured = method.num_measured
+  leaves, treedef = jax.tree.flatten(params)
+  noise_key, next_key = _keys(method, state, key)
+  given = call.losses
+  if given is not None and len(given) > 2:
+    prepared = given[2]  # the caller's, from theta before its passes moved it
+  else:
+    prepared = method.prepare(leaves, state.method, in_effect)
+  noise = m.StepNoise(method.sampler, noise_key, leaves, lean=given is not None,
+                      prepared=prepared)
+  if given is None:
+    measured = measure(method, noise, state.method, in_effect, treedef, leaves, value_fn,
+                       dtype)
+  else:
+    measured = m.Measured(jnp.asarray(given[0], dtype),
+                          jnp.asarray(given[1], dtype).reshape(num_measured))
+  if call.leaves is None:
+    g, method_state, stats = method.estimate(noise, state.method, in_effect, leaves, measured)
+  else:  # the lean engine's call for one group of leaves (Method.serial_products)
+    g, method_state, stats = method.estimate_some(noise, state.method, in_effect, leaves,
+                                                  measured, frozenset(call.leaves))
+    if call.outside is not None:  # the engine's check that the chain is leafwise
+      rest = iter(call.outside)
+      g = [a if i in call.leaves else next(rest) for i, a in enumerate(g)]
+  g = treedef.unflatten([a.astype(jnp.result_type(p)) for a, p in zip(g, leaves, strict=True)])
+  passes_now = num_measured * method.cost_per_measure + in_effect["center"].astype(jnp.int32)
+  return g, ZOState(
+      count=optax.safe_increment(state.count),
+      key=jax.random.key_data(next_key).astype(state.key.dtype),
+      forward_passes=add_saturating(state.forward_passes, passes_now),
+      loss=stats["loss"].astype(dtype),
+      losses=measured.values.astype(dtype),
+      skipped_directions=state.skipped_directions
+      + jnp.asarray(stats["skipped"]).astype(state.skipped_directions.dtype),
+      projected=stats["projected"].astype(dtype),
+      hyper=in_effect,
+      method=method_state,
+  )
 
 
 def _check_state(method: m.Method, hyper: dict, state: ZOState, params: Any) -> None:
