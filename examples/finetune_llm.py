@@ -68,17 +68,15 @@ TEMPLATES = {
     "it_was": ("{sentence} It was", (" terrible", " great")),
     "it_was_good": ("{sentence} It was", (" bad", " good")),
 }
-# The template: the best zero-shot accuracy of TEMPLATES on 200 train.tsv sentences
-# (--search-templates: chat 0.650, it_was_good 0.575, it_was 0.510, chat_space 0.500).
-# MeZO LoRA's rate and run length: tuned on validation (experiments/prompted/run.py, seed 0,
-# 256 train.tsv sentences disjoint from the 32 trained on, 50 steps of batch 16): validation
-# cross-entropy 0.597 at the start; 0.550 at lr 1e-3, 0.490 at 3e-3, 1.33 at 1e-2 and 1.48 at
-# 3e-2 (diverged). 50 steps are what 2 CPU cores run in about 10 minutes (12.5 s a step,
-# two runs at a time). On the test file it does not transfer: seeds 0, 1, 2 end at dev
-# accuracy 0.693, 0.705, 0.743 from 0.752 zero-shot (dev CE 0.600 -> 0.604, 0.589, 0.523;
-# record llm_sst2_default/seed<s> of experiments/examples.jsonl.gz). GLUE's train.tsv is
-# mostly phrases, dev.tsv whole sentences: the training and validation rows are not the
-# test's kind. The other rates are not tuned on SmolLM2.
+# The template: the best zero-shot accuracy of TEMPLATES on 200 train.tsv rows (phrases
+# included; --search-templates: chat 0.650, it_was_good 0.575, it_was 0.510, chat_space 0.500).
+# MeZO LoRA's rate: the lowest validation cross-entropy after 50 steps of batch 16
+# (experiments/prompted/run.py, seed 0, 256 whole sentences of train.tsv disjoint from the
+# 32 trained on): 0.591 at the start, 0.571 at lr 1e-3, 0.521 at 3e-3, 1.56 at 1e-2. The
+# validation accuracy falls meanwhile (0.785 -> 0.750 at 3e-3) and 3e-3 diverges by 100
+# steps; first-order Adam (lr 1e-4) reaches 0.926 in 50 steps. So this default shows the
+# regime's machinery, not a gain (docs/guides/llm_prompted.md). 50 steps are about 10
+# minutes on 2 CPU cores. The other rates are not tuned on SmolLM2.
 DEFAULTS = {"template": "chat", "mode": "lora", "optimizer": "mezo", "k_shot": 16,
             "batch_size": 16, "steps": 50}
 DEFAULT_LR = {("ft", "zo"): 1e-5, ("lora", "zo"): 3e-3, ("ft", "adam"): 1e-5,
@@ -240,7 +238,7 @@ def main(argv=None) -> None:
     p.error(f"unknown --optimizer {args.optimizer!r}; one of {', '.join(shared.OPTIMIZERS)}")
 
   sets = data.load_sst2(args.data or shared.SYNTHETIC)
-  args.rows = args.rows or ("sentences" if args.data else "all")
+  args.rows = args.rows or ("sentences" if args.data and not args.smoke else "all")
   tmp = None
   if args.smoke:
     sets = {k: (s[:24], y[:24]) for k, (s, y) in sets.items()}
