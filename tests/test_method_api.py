@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import re
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import optax.tree_utils as otu
+import pytest
 
 import hizoo_jax as hz
 from hizoo_jax._src import sampling
@@ -70,3 +72,33 @@ def test_a_user_method_is_exact_in_both_paths():
     for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(want), strict=True):
       np.testing.assert_allclose(np.asarray(a), b, rtol=1e-9, atol=1e-12)
     assert int(otu.tree_get(s, "forward_passes")) == 16
+
+
+def test_zo_call_hands_the_transform_the_callers_losses():
+  """``tx.update(..., zo_call=ZOCall(losses=...))``: the transform estimates from the given
+  losses without calling ``value_fn``, as from the same losses measured through it; a probe
+  updates nothing; anything but a ZOCall is refused by name."""
+  from hizoo_jax.method import ZOCall
+
+  params = {"w": jnp.arange(3.0), "b": jnp.ones(2)}
+  loss = lambda p: jnp.sum(p["w"] ** 2) + jnp.sum(p["b"])  # noqa: E731
+  tx = hz.mezo(1e-2, mu=1e-3)
+  state = tx.init(params)
+  measured, measured_state = tx.update(None, state, params, value_fn=loss)
+  losses = otu.tree_get(measured_state, "losses")
+  given, given_state = tx.update(None, state, params, zo_call=ZOCall(losses=(0.0, losses)))
+  chex.assert_trees_all_equal(given, measured)
+  np.testing.assert_array_equal(otu.tree_get(given_state, "losses"), losses)
+
+  class Probe:
+    found = []
+
+    def record(self, method, view):
+      self.found.append(method)
+
+  probe = Probe()
+  updates, _ = tx.update(None, state, params, zo_call=ZOCall(probe=probe))
+  assert len(probe.found) == 1 and all(float(jnp.abs(u).max()) == 0
+                                       for u in jax.tree.leaves(updates))
+  with pytest.raises(TypeError, match="ZOCall"):
+    tx.update(None, state, params, zo_call=(0.0, losses))

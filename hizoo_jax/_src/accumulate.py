@@ -99,7 +99,7 @@ def accumulate(tx: optax.GradientTransformation, every_k: int
   def update_fn(updates, state, params=None, **extra):
     if not isinstance(state, AccumulateState):
       raise TypeError(f"expected the AccumulateState of accumulate's init, got {type(state)}")
-    call = extra.get("zo_call") or method.ZOCall()
+    call = method.ZOCall.of(extra.get("zo_call"))
     if call.is_probe:  # the engine looking for the ZO transform
       u, inner = tx.update(updates, state.inner, params, **extra)
       return u, state._replace(inner=inner)

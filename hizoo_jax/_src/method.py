@@ -136,6 +136,15 @@ class ZOCall:
   def is_probe(self) -> bool:
     return self.probe is not None
 
+  @classmethod
+  def of(cls, call: Any) -> ZOCall:
+    """``call`` checked (``None``: a call that measures through ``value_fn``)."""
+    if call is None:
+      return cls()
+    if not isinstance(call, cls):
+      raise TypeError(f"zo_call must be a hizoo_jax.method.ZOCall, got {type(call).__name__}")
+    return call
+
   def replace(self, **changes: Any) -> ZOCall:
     return dataclasses.replace(self, **changes)
 

@@ -154,9 +154,7 @@ def zo_transform(method: m.Method, hyper: dict[str, Any],
   def update_fn(updates, state, params=None, *, value_fn=None, key=None, value_params=None,
                 zo_call=None, **extra_args):
     del updates, extra_args  # ZO transforms measure the loss themselves.
-    call = m.ZOCall() if zo_call is None else zo_call
-    if not isinstance(call, m.ZOCall):
-      raise TypeError(f"zo_call must be a hizoo_jax.method.ZOCall, got {type(call).__name__}")
+    call = m.ZOCall.of(zo_call)
     if not is_zo_state(state):
       raise TypeError(f"expected the ZOState of this transform's init, got {type(state)}: "
                       "build the optimizer state with state = tx.init(params) from this very "
