@@ -31,7 +31,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
 import finetune_llm as ex  # noqa: E402
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 from common import machine, quartiles, write_json  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -126,5 +125,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  np.set_printoptions(precision=3)
   main()

@@ -91,7 +91,8 @@ def test_zo_call_hands_the_transform_the_callers_losses():
   np.testing.assert_array_equal(otu.tree_get(given_state, "losses"), losses)
 
   class Probe:
-    found = []
+    def __init__(self):
+      self.found = []
 
     def record(self, method, view):
       self.found.append(method)
