@@ -16,7 +16,7 @@ from hizoo_jax._src import sampling
 
 def xla_env(flags: str, **extra: str) -> dict:
   """This process's environment for a subprocess, with ``flags`` added to the XLA_FLAGS it
-  already has (tests/conftest.py's, a user's) rather than replacing them."""
+  already has (conftest.py's, a user's) rather than replacing them."""
   env = dict(os.environ, **extra)
   env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
   return env

@@ -62,7 +62,7 @@ def assert_plain_update_bit_for_bit(name):
 @pytest.mark.parametrize("name", list(METHODS))
 def test_bfloat16_default_step_is_the_plain_update_bit_for_bit(name):
   """Checked in a process with XLA's default code generation, the programs a user
-  compiles: under the suite's cheaper code generation (tests/conftest.py) two different
+  compiles: under the suite's cheaper code generation (conftest.py) two different
   programs of the same float32 operations may round HiZOO's Hessian EMA differently in the
   last bit (measured: one ulp in H, params and losses equal)."""
   import os

@@ -400,7 +400,7 @@ def test_multisteps_masked_inject_hyperparams_lean_follows_the_plain_step(name):
 
 @pytest.mark.parametrize("name", ["fzoo", "sparse_mezo", "forward_gradient"])
 def test_the_state_keeps_its_dtypes_across_a_step(name):
-  """A step returns a state of the same dtypes as init (float64 on: tests/conftest.py), as
+  """A step returns a state of the same dtypes as init (float64 on: conftest.py), as
   lax.scan and a donating jit need."""
   _, scale, opts, loss = METHODS[name]
   tx = scale(**opts)

@@ -275,7 +275,7 @@ def test_nnx_optimizer_with_nnx_value_fn_matches_the_functional_path():
 def test_orbax_resume_is_bit_for_bit(tmp_path, name):
   """Save at step 3 of 7, restore into fresh objects, continue: the same bits as the
   uninterrupted run (params, factored + dense Hessian, PRNG key, step count, Adam moments).
-  Plain HiZOO is resumed in a new process in ``test_examples_finetune.py``."""
+  Plain HiZOO is resumed in a new process in ``examples/tests/test_finetune.py``."""
   model = tiny("llama")
   peft.apply_lora(model, rank=4, alpha=8, rngs=nnx.Rngs(0))
   clf = heads.SequenceClassifier(model, 64, 2, pooling="last")

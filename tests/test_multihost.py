@@ -67,7 +67,7 @@ def _free_port() -> int:
 def _env(devices: int, port: int | None) -> dict:
   env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
   env.update(JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1", PYTHONPATH=ROOT,
-             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "  # tests/conftest.py's
+             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "  # conftest.py's
              f"--xla_force_host_platform_device_count={devices}".strip())
   if port is not None:  # the coordinator service listens on [::] unless told otherwise
     env["JAX_COORDINATOR_BIND_ADDRESS"] = f"127.0.0.1:{port}"

@@ -15,7 +15,7 @@ METHODS = ("mezo", "hizoo", "fzoo", "adam")
 @pytest.mark.slow
 def test_gpu_benchmark_tiny_table(tmp_path):
   out = tmp_path / "gpu.json"
-  # A subprocess: the script's float32 model, not the float64 of tests/conftest.py.
+  # A subprocess: the script's float32 model, not the float64 of conftest.py.
   proc = subprocess.run(
       [sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py"), "--models", "tiny",
        "--methods", *METHODS, "--repeats", "2", "--out", str(out)],

@@ -62,7 +62,7 @@ def _selected(name: str, label: str, task: str, extra=()) -> list[dict]:
 @pytest.mark.filterwarnings("ignore")
 def test_readme_headline_results_are_the_tables():
   """The README's results table: the test functions' steps (the notebook's table, which
-  tests/test_notebooks.py checks) times the forward passes a step of the method executes
+  examples/tests/test_notebooks.py checks) times the forward passes a step of the method executes
   (its state's counter); the digits and SST-2 columns: the mean over seeds of the selected
   runs' final training loss and test accuracy, from the tables."""
   pytest.importorskip("flax")

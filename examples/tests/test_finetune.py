@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import requires_minilm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_example(script, *args, timeout=900):

@@ -17,7 +17,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 FIGURES = {
     "01_test_functions.ipynb": ["test_functions.png", "float32_probe.png"],
