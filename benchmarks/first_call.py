@@ -46,6 +46,8 @@ def main(argv=None):
   ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--out", default=os.path.join(HERE, "results", "first_call.json"))
+  ap.add_argument("--conditions", default="",
+                  help="what else the machine ran (recorded with the rows)")
   ap.add_argument("--child", nargs=2, metavar=("MODEL", "METHOD"), help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.child:
@@ -53,6 +55,9 @@ def main(argv=None):
     return
   sys.path.insert(0, HERE)
   from common import machine, run_child, write_json
+
+  # a persistent compilation cache would turn every round after the first into a cache hit
+  os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
   runs = {m: [] for m in args.methods}
   for _ in range(args.repeats):
@@ -73,7 +78,7 @@ def main(argv=None):
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=HERE).stdout.strip()
   write_json(args.out, dict(machine=machine(), commit=commit, date=time.strftime("%Y-%m-%d"),
-                            model=args.model, rows=rows))
+                            conditions=args.conditions, model=args.model, rows=rows))
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ def assert_plain_update_bit_for_bit(name):
   chex.assert_trees_all_equal(run(tx, user), plain)
 
 
-# two processes, each paying its imports and its random draws' compiles once
+# two processes, each paying its imports and its random draws' compiles once; a failure
+# names the method it stopped at (the child prints each name before checking it)
 GROUPS = [list(METHODS)[:5], list(METHODS)[5:]]
 
 

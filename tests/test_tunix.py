@@ -452,11 +452,7 @@ def test_llama_parity_tunix_llama3_against_the_library_llama(tmp_path):
     assert (gap < TOL) == agree, (theta, gap)
 
 
-# ----------------------------------------------------------------------------------------
-# The example.
-
 ROOT = os.path.dirname(HERE)
-
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tunix", reason="the tunix extra is not installed")
+pytest.importorskip("qwix", reason="the tunix extra is not installed")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # a Llama 3 layout: GQA, llama3 RoPE scaling (the library's tests' fixture)

@@ -117,3 +117,22 @@ def test_batch_cost_rows_on_a_tiny_bert(tmp_path, monkeypatch):
   assert [r["step_s"] for r in rows] == [0.5, 1.0]
   assert [r["s_per_sentence"] for r in rows] == [0.25, 0.25]
   assert json.loads(out.read_text())["rows"][1]["passes_per_step"] == 2
+
+
+def test_first_call_rows_on_the_tiny_llama(tmp_path, monkeypatch):
+  """benchmarks/first_call.py: one fresh process a row, timed, medians against Adam's,
+  written with their provenance; a user's compilation cache is not handed to the rows."""
+  import json
+
+  import first_call
+
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
+  out = tmp_path / "first_call.json"
+  first_call.main(["--model", "tiny", "--methods", "adam", "mezo", "--repeats", "1",
+                   "--out", str(out), "--conditions", "a test"])
+  result = json.loads(out.read_text())
+  assert [r["method"] for r in result["rows"]] == ["adam", "mezo"]
+  assert all(r["seconds"] > 0 and len(r["runs"]) == 1 for r in result["rows"])
+  assert result["rows"][0]["over_adam"] == 1.0
+  assert result["model"] == "tiny" and result["conditions"] == "a test" and result["commit"]
+  assert not (tmp_path / "cache").exists()
