@@ -140,6 +140,15 @@ def machine():
               jax=jax.__version__, python=platform.python_version())
 
 
+def git_commit(where: str = os.path.dirname(os.path.abspath(__file__))) -> str:
+  """The short commit of the checkout holding ``where`` (``"unknown"`` outside git)."""
+  try:
+    return subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
 def write_json(path, obj):
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w") as fh:

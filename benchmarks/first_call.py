@@ -54,7 +54,7 @@ def main(argv=None):
     print(json.dumps(child(*args.child)))
     return
   sys.path.insert(0, HERE)
-  from common import machine, run_child, write_json
+  from common import git_commit, machine, run_child, write_json
 
   # a persistent compilation cache would turn every round after the first into a cache hit
   os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -73,11 +73,7 @@ def main(argv=None):
   for r in rows:
     ratio = f"{r['over_adam']:.1f}" if r["over_adam"] is not None else "-"
     print(f"| {r['method']} | {r['seconds']:.1f} | {ratio} |")
-  import subprocess
-
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=HERE).stdout.strip()
-  write_json(args.out, dict(machine=machine(), commit=commit, date=time.strftime("%Y-%m-%d"),
+  write_json(args.out, dict(machine=machine(), commit=git_commit(), date=time.strftime("%Y-%m-%d"),
                             conditions=args.conditions, model=args.model, rows=rows))
 
 

@@ -84,7 +84,6 @@ def test_example_gpu_table_formats_its_rows(tmp_path, monkeypatch):
   assert table.count("\n|") == 6  # header, rule, four rows
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fzoo", "zo_muon"])
 def test_example_smoke_runs_the_methods_of_the_library(name):

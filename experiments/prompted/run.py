@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -38,6 +37,7 @@ import finetune_llm as ex  # noqa: E402
 import finetune_minilm as shared  # noqa: E402
 
 import hizoo_jax as hz  # noqa: E402
+from benchmarks.common import git_commit  # noqa: E402
 from experiments import table  # noqa: E402
 from hizoo_jax.models import checkpoint, data, heads, llama, peft, prompt  # noqa: E402
 
@@ -57,14 +57,6 @@ def run_key(a: argparse.Namespace, lr: float) -> str:
   if a.rows == "sentences":
     parts.append("ws")  # drawn from whole sentences (records without it: from every row)
   return "-".join(parts)
-
-
-def git_commit() -> str:
-  try:
-    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
 
 
 def splits(directory: str, k: int, seed: int, tokenize, tpl, pad, rows: str = "sentences"):
@@ -144,7 +136,7 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
             "val_per_class": max(a.k, VAL_MIN), "rows": a.rows, "curve": curve,
             "final_val": curve[-1], "losses": losses.tolist(),
             "sec_per_step": float(np.median(times[1:])) if len(times) > 1 else None,
-            "commit": git_commit(), "jax": jax.__version__}
+            "commit": git_commit(ROOT), "jax": jax.__version__}
   if a.test:
     record["test"] = evaluate(params, frozen, *test)
     print(f"{key}: test {record['test']}", flush=True)
