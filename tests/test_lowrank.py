@@ -273,10 +273,15 @@ CASES = {
                     tol=TOL_REL_NS),
 }
 
-# (method, layout): "flax": the params hold kernels [in, out] and the reference runs on
-# their transposes, PyTorch's [out, in]; "torch": the params hold [out, in] already.
-REFERENCE_RUNS = [(n, lay) for n in CASES for lay in ("flax", "torch") if n != "subzero"]
-REFERENCE_RUNS.append(("subzero", None))
+# (method, layout, path). "flax": the params hold kernels [in, out] and the reference runs
+# on their transposes, PyTorch's [out, in]; "torch": the params hold [out, in] already.
+# "update": tx.update jitted; "lean": the lean train step. A covering set: every method,
+# and both layouts and both paths for lozo.py (LOZO and LOZO-M share its layout code) and
+# for zo_muon.py; SubZero takes no layout and runs the lean step, which
+# test_compositions_follow_the_plain_path matches to the plain one.
+REFERENCE_RUNS = [("lozo", "torch", "update"), ("lozo_m", "flax", "lean"),
+                  ("zo_muon", "flax", "update"), ("zo_muon", "torch", "lean"),
+                  ("subzero", None, "lean")]
 
 
 def reference_view(theta, layout):
@@ -293,20 +298,20 @@ def assert_close_to_reference(params, theta, scale, tol):
     assert err <= tol * scale[k], (k, err, scale[k])
 
 
-@pytest.mark.parametrize("path", ["update", "lean"])
-@pytest.mark.parametrize("name, layout", REFERENCE_RUNS)
+@pytest.mark.parametrize("name, layout, path", REFERENCE_RUNS)
 def test_matches_numpy_reference(name, layout, path):
   """Each step: the library's losses equal the reference's at its own float64 params (up
   to the float32 rounding of mu Z), and, given those measured losses (so that the
   perturbation's rounding does not enter c twice), the update equals the reference's. The
   reference is written PyTorch's way, on weights [out, in] with the factors over their
-  rows: with ``layout="flax"`` it runs on the transposes of the library's kernels."""
+  rows: with ``layout="flax"`` it runs on the transposes of the library's kernels. Every
+  step keeps the state's dtypes and shapes."""
   case = CASES[name]
   params_np, f_np = problem(np)
   _, f_jnp = problem(jnp)
   params = jax.tree.map(jnp.asarray, params_np)
   tx = case["make"](case["lr"]) if layout is None else case["make"](case["lr"], layout=layout)
-  state = tx.init(params)
+  state = initial = tx.init(params)
   if path == "update":
     update = jax.jit(tx.update, static_argnames="value_fn")
 
@@ -323,6 +328,7 @@ def test_matches_numpy_reference(name, layout, path):
   ref, theta, scale = case["ref"](), reference_view(params_np, layout), dict.fromkeys(NAMES, 0.0)
   for t in range(STEPS):
     params, state = step(params, state)
+    chex.assert_trees_all_equal_shapes_and_dtypes(state, initial)
     measured = np.asarray(otu.tree_get(state, "losses"))
     center = float(otu.tree_get(state, "loss"))
     if name == "zo_muon":
@@ -360,71 +366,39 @@ def test_float64_params_are_perturbed_in_float64():
     np.testing.assert_allclose(g[k], want, rtol=0, atol=1e-12 * np.max(np.abs(want)))
 
 
-METHODS = {
-    "lozo": lambda: hz.lozo(1e-2, rank=RANK),
-    "lozo_m": lambda: hz.lozo(1e-2, rank=RANK, momentum=0.9),
-    "subzero": lambda: hz.subzero(1e-2, rank=RANK),
-    "zo_muon": lambda: hz.zo_muon(1e-2, rank=RANK),
-}
-
-
-@pytest.mark.parametrize("make", METHODS.values(), ids=list(METHODS))
-def test_a_step_keeps_the_state_dtypes_and_shapes(make):
-  params_np, _ = problem(np)
-  _, f_jnp = problem(jnp)
-  params = jax.tree.map(jnp.asarray, params_np)
-  tx = make()
-  state = tx.init(params)
-  _, new = tx.update(jax.tree.map(jnp.zeros_like, params), state, params, value_fn=f_jnp)
-  chex.assert_trees_all_equal_shapes_and_dtypes(new, state)
-
-
 # --- compositions: the lean step equals the plain one ------------------------------------
 
+# A covering set: each method, each Optax wrapper and each of the engine's ways with a
+# method's products at least once, not their cross product. Fused products (rank <=
+# lowrank.FUSED_RANK; LOZO-M's, SubZero's and ZO-Muon's on the lean step are matched in
+# test_matches_numpy_reference): LOZO with MultiSteps' conditional update. Above the
+# fused rank the engine orders the leaves (Method.serial_products): one update call per
+# group of leaves where the rest of the chain treats each leaf alone (injected
+# hyperparameters with SubZero, masked leaves with ZO-Muon), one call where it does not
+# (Adam's moments with LOZO-M; a global-norm clip and apply_if_finite's guard, which read
+# every leaf's estimate, with ZO-Muon).
 COMPOSITIONS = {
-    "lozo_then_adam": lambda: optax.chain(
-        hz.scale_by_lozo(resample_every=2), optax.adam(1e-2)),
-    "lozo_m_then_adam": lambda: optax.chain(
-        hz.scale_by_lozo(momentum=0.9, resample_every=2), optax.adam(1e-2)),
-    "subzero_inject_schedule": lambda: optax.inject_hyperparams(
-        hz.subzero, static_args=("rank",))(
-        learning_rate=optax.cosine_decay_schedule(1e-2, 10), rank=8, resample_every=2),
-    "zo_muon_masked": lambda: optax.masked(
-        hz.zo_muon(1e-2, rank=8, num_directions=2, resample_every=2, vector_scale=0.1),
-        engine.FROZEN),
     "lozo_multi_steps": lambda: optax.MultiSteps(hz.lozo(1e-2, resample_every=2),
                                                  every_k_schedule=2),
-    # Above lowrank.FUSED_RANK the engine orders the leaves (Method.serial_products):
-    # each leaf's moves and update after the previous leaf's (one update call per group of
-    # leaves; with Adam's moments in the chain, one call).
-    "zo_muon_r32": lambda: hz.zo_muon(1e-2, rank=32, num_directions=2, resample_every=2,
-                                      vector_scale=0.1),
+    "lozo_m_r32_then_adam": lambda: optax.chain(
+        hz.scale_by_lozo(rank=32, momentum=0.9, resample_every=2), optax.adam(1e-2)),
+    "subzero_r32_inject_schedule": lambda: optax.inject_hyperparams(
+        hz.subzero, static_args=("rank", "num_directions"))(
+        learning_rate=optax.cosine_decay_schedule(1e-2, 10), rank=32, num_directions=2,
+        resample_every=2),
     "zo_muon_r32_masked": lambda: optax.masked(
         hz.zo_muon(1e-2, rank=32, num_directions=2, resample_every=2, vector_scale=0.1),
         engine.FROZEN),
-    "zo_muon_r32_inject_schedule": lambda: optax.inject_hyperparams(
-        hz.zo_muon, static_args=("rank", "num_directions", "vector_scale"))(
-        learning_rate=optax.cosine_decay_schedule(1e-2, 10), rank=32, num_directions=2,
-        resample_every=2),
-    "lozo_m_r32": lambda: hz.lozo(1e-2, rank=32, momentum=0.9, resample_every=2),
-    "subzero_r32": lambda: hz.subzero(1e-2, rank=32, num_directions=2, resample_every=2),
-    # a transform that reads every leaf's estimate (the global norm): the engine keeps
-    # one update call (its check that the chain treats each leaf alone fails)
-    "zo_muon_r32_clipped": lambda: optax.chain(
+    "zo_muon_r32_clipped_if_finite": lambda: optax.apply_if_finite(optax.chain(
         hz.scale_by_zo_muon(rank=32, num_directions=2, resample_every=2),
-        optax.clip_by_global_norm(1.0), optax.scale(-1e-2)),
-    "zo_muon_r32_apply_if_finite": lambda: optax.apply_if_finite(
-        hz.zo_muon(1e-2, rank=32, num_directions=2, resample_every=2), 3),
-    "zo_muon_r32_then_adam": lambda: optax.chain(
-        hz.scale_by_zo_muon(rank=32, num_directions=2, resample_every=2), optax.adam(1e-2)),
+        optax.clip_by_global_norm(1.0), optax.scale(-1e-2)), 3),
 }
 
 
-# Also traced into a user's jit (tests/test_engine.py says why a subset): fused and matmul
-# products, momentum, injected hyperparameters, masked leaves, MultiSteps, the ordered
-# leaves with and without a chain after the estimate.
-IN_A_USER_JIT = ("lozo_m_then_adam", "subzero_inject_schedule", "zo_muon_masked",
-                 "lozo_multi_steps", "zo_muon_r32", "zo_muon_r32_then_adam")
+# Also traced into a user's jit (tests/test_engine.py says why a subset): fused and ordered
+# products, momentum, injected hyperparameters, MultiSteps, the leaves ordered in groups
+# and in one call.
+IN_A_USER_JIT = ("lozo_multi_steps", "lozo_m_r32_then_adam", "subzero_r32_inject_schedule")
 assert set(IN_A_USER_JIT) <= set(COMPOSITIONS)
 
 
@@ -455,10 +429,14 @@ def test_an_estimate_of_some_leaves_equals_the_full_estimate_there():
   params = engine.mlp()
   state = tx.init(params)
   losses = (jnp.asarray(1.0), jnp.asarray([1.1, 0.95]))
+
+  @jax.jit
+  def calls(state):
+    return (tx.update(None, state, params, zo_call=ZOCall(losses=losses)),
+            tx.update(None, state, params, zo_call=ZOCall(losses=losses, leaves=(0, 3))))
+
   for _ in range(2):  # a step that redraws the projectors, then one that keeps them
-    full, full_state = tx.update(None, state, params, zo_call=ZOCall(losses=losses))
-    some, some_state = tx.update(None, state, params,
-                                 zo_call=ZOCall(losses=losses, leaves=(0, 3)))
+    (full, full_state), (some, some_state) = calls(state)
     for i, (a, b) in enumerate(zip(jax.tree.leaves(full), jax.tree.leaves(some),
                                    strict=True)):
       np.testing.assert_array_equal(b, a if i in (0, 3) else np.zeros_like(a))
@@ -469,8 +447,8 @@ def test_an_estimate_of_some_leaves_equals_the_full_estimate_there():
 
 # --- memory: the lean step keeps no params-sized temporary --------------------------------
 
+# LOZO-M covers LOZO: the same U V^T in the passes, and a momentum on top.
 MEMORY = {
-    "lozo_r2": lambda: hz.lozo(1e-2, rank=2),
     "lozo_m_r2": lambda: hz.lozo(1e-2, rank=2, momentum=0.9),
     "subzero_r8": lambda: hz.subzero(1e-2, rank=8),
     "zo_muon_r64": lambda: hz.zo_muon(1e-2, rank=64),
@@ -490,7 +468,7 @@ def test_the_step_keeps_no_params_sized_temporary(name):
   x = jnp.zeros((8, 256), jnp.float32)
   y = jnp.zeros((8, 256), jnp.float32)
   extra = lean_step_extra(tx, engine.loss_fn, params, x, y)
-  # LOZO/LOZO-M: U V^T is formed inside the passes (0.02-0.03 measured). SubZero's fused
+  # LOZO-M: U V^T is formed inside the passes (0.02-0.03 measured). SubZero's fused
   # rank-8 products (0.17) are all alive at once under XLA:CPU's default scheduler (see the
   # next test and docs/guides/lowrank.md). ZO-Muon at rank 64 forms matmul products (above
   # lowrank.FUSED_RANK, 6x faster on MiniLM) and the engine orders its leaves
@@ -502,7 +480,9 @@ def test_the_step_keeps_no_params_sized_temporary(name):
   assert max(extra.values()) <= bound, extra
 
 
-# The same measurement in a process whose XLA:CPU uses its memory-minimising scheduler.
+# The same measurement in a process whose XLA:CPU uses its memory-minimising scheduler, at
+# top level (the scheduler acts on each program alike; the step in a user's jit is bounded
+# above under the default one).
 _SCHEDULER_CHILD = """
 import json, sys
 sys.path.insert(0, {root!r})
@@ -512,7 +492,8 @@ from tests import test_engine as engine
 from tests.helpers import lean_step_extra
 params = engine.mlp((256,) * 5, jnp.float32)
 x = jnp.zeros((8, 256), jnp.float32)
-out = {{name: max(lean_step_extra(tx, engine.loss_fn, params, x, x).values())
+out = {{name: lean_step_extra(tx, engine.loss_fn, params, x, x,
+                              in_a_user_jit=False)["top level"]
         for name, tx in (("subzero_r8", hz.subzero(1e-2, rank=8)),
                          ("zo_muon_r64", hz.zo_muon(1e-2, rank=64)))}}
 print(json.dumps(out))

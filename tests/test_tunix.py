@@ -112,13 +112,12 @@ def reference(model, tx, data):
   return params, state, losses, grads, passes
 
 
-# The trainer carries whatever state the optimizer has: none beyond the key (MeZO), a
-# Hessian (HiZOO-L; no leaf of the tiny model reaches its factoring size, so this is HiZOO's
-# dense state too), an injected schedule it logs, a chain with Adam's moments. The engine's
-# equality with the plain update for every other composition is tests/test_engine.py's.
+# The trainer carries whatever state the optimizer has: a Hessian under an injected
+# schedule it logs (HiZOO's three passes a step), a chain with Adam's moments after a bare
+# estimate (two passes). A state of the key alone (MeZO) is the gradient accumulation and
+# custom loss tests'. The engine's equality with the plain update for every other
+# composition is tests/test_engine.py's.
 OPTIMIZERS = {
-    "mezo": lambda: hz.mezo(1e-2, mu=1e-2),
-    "hizoo_l": lambda: hz.hizoo_l(1e-2, mu=1e-2, hessian_smoothing=0.1),
     "schedule": lambda: optax.inject_hyperparams(hz.hizoo)(
         learning_rate=optax.cosine_decay_schedule(1e-2, 6), mu=1e-2, hessian_smoothing=0.1),
     "zo_adam": lambda: optax.chain(hz.scale_by_zo(mu=1e-2), optax.scale_by_adam(),
@@ -157,10 +156,11 @@ def test_trainer_gives_the_params_of_make_train_step(name):
                              rtol=1e-9, atol=1e-10)
   np.testing.assert_allclose(log.get_metric_history("", "grad_norm", "train"),
                              np.abs(want_grads) * np.sqrt(np.pi / 2), rtol=1e-6, atol=1e-9)
-  # the executed count after each step: MeZO 2 a step; HiZOO(-L) 3 (l0 every step here)
+  # the executed count after each step: a bare estimate 2 a step; HiZOO 3 (l0 every step
+  # here)
   np.testing.assert_array_equal(log.get_metric_history("", zt.PASSES_METRIC, "train"),
                                 want_passes)
-  per_step = 2 if name in ("mezo", "zo_adam") else 3
+  per_step = 2 if name == "zo_adam" else 3
   assert want_passes == [per_step * (k + 1) for k in range(6)]
   assert int(t.optimizer.step[...]) == 6 == t.train_steps
   if name == "schedule":  # the injected learning rate, logged as for a first-order run
@@ -173,66 +173,47 @@ def test_trainer_gives_the_params_of_make_train_step(name):
         lrs, fo.metrics_logger.get_metric_history("", "learning_rate", "train"))
 
 
-def test_full_fine_tuning():
-  """Without LoRA the trainer trains every nnx.Param, as make_train_step does."""
-  data = batches(3)
+def test_gradient_accumulation_measures_every_micro_batch_and_resumes(tmp_path):
+  """Full fine-tuning (every nnx.Param) with Tunix's gradient_accumulation_steps = k runs
+  hz.accumulate (not Tunix's optax.MultiSteps, which would discard all but the last
+  micro-batch's measurements): the params of make_train_step with hz.accumulate on the
+  same micro-batches, every micro-batch's passes counted, steps counted as Tunix counts
+  them. A run stopped after 2 steps and resumed from its checkpoint by a new trainer skips
+  the 4 micro-batches it trained on (Tunix counts them from the restored steps) and gives
+  the params of the run never stopped, bit for bit. (That hz.accumulate's step is the
+  larger batch's: tests/test_accumulate.py.)"""
+  data = batches(6)
+  tx = lambda: hz.mezo(1e-2, mu=1e-2)  # noqa: E731
   model = tiny_qwen3(lora=False)
   assert zt.trainable_filter(model) is nnx.Param
-  t = trainer(model, hz.mezo(1e-2, mu=1e-2), steps=3)
-  t.train(data)
-  want, _, _, _, passes = reference(tiny_qwen3(lora=False), hz.mezo(1e-2, mu=1e-2), data)
-  chex.assert_trees_all_equal(trained(model), want)
-  assert not np.array_equal(jax.tree.leaves(want)[0],
-                            jax.tree.leaves(trained(tiny_qwen3(lora=False)))[0])
-  assert t.train_steps == 3 and passes == [2, 4, 6]
-
-
-def test_gradient_accumulation_measures_every_micro_batch():
-  """Tunix's gradient_accumulation_steps = k runs hz.accumulate (not Tunix's optax.MultiSteps,
-  which would discard all but the last micro-batch's measurements): the params of
-  make_train_step with hz.accumulate on the same micro-batches, every micro-batch's passes
-  counted, steps counted as Tunix counts them; a checkpoint taken at a step resumes at
-  its micro-step. (That hz.accumulate's step is the larger batch's: test_composition.py.)"""
-  data = batches(4)
-  model = tiny_qwen3(lora=False)
-  t = trainer(model, hz.mezo(1e-2, mu=1e-2), steps=2, gradient_accumulation_steps=2)
+  t = trainer(model, tx(), steps=3, gradient_accumulation_steps=2)
   t.train(data)
   state = nnx.as_pure(t.optimizer.opt_state)
   if zt.STEP_SIGNATURE == "inputs":  # Tunix 0.1.7's MultiSteps state, its gradients unused
     assert isinstance(state, optax.MultiStepsState)
     assert all(not np.any(g) for g in jax.tree.leaves(state.acc_grads))
     assert int(state.gradient_step) == 0
-  want, state, *_ = reference(tiny_qwen3(lora=False), hz.accumulate(hz.mezo(1e-2, mu=1e-2), 2),
-                              data)
+  want, state, *_ = reference(tiny_qwen3(lora=False), hz.accumulate(tx(), 2), data)
   chex.assert_trees_all_equal(trained(model), want)
   assert not np.array_equal(jax.tree.leaves(want)[0],
                             jax.tree.leaves(trained(tiny_qwen3(lora=False)))[0])
-  assert t.train_steps == 2 and t.iter_steps == 4 and int(hz.forward_passes(state)) == 8
+  assert t.train_steps == 3 and t.iter_steps == 6 and int(hz.forward_passes(state)) == 12
   # logged once per step (two micro-batches each): the count after its last micro-batch
   np.testing.assert_array_equal(
-      t.metrics_logger.get_metric_history("", zt.PASSES_METRIC, "train"), [4, 8])
+      t.metrics_logger.get_metric_history("", zt.PASSES_METRIC, "train"), [4, 8, 12])
 
-
-def test_gradient_accumulation_resumes_at_its_micro_step(tmp_path):
-  """A run with k = 2 stopped after 2 steps and resumed from its checkpoint by a new trainer
-  skips the 4 micro-batches it trained on (Tunix counts them from the restored steps) and
-  gives the params of a run never stopped, bit for bit."""
   opts = ocp.CheckpointManagerOptions(save_interval_steps=1, max_to_keep=5,
                                       enable_async_checkpointing=False)
-  data = batches(6)
-  tx = lambda: hz.mezo(1e-2, mu=1e-2)  # noqa: E731
   kw = dict(gradient_accumulation_steps=2, checkpoint_root_directory=str(tmp_path),
             checkpointing_options=opts)
-  first = trainer(tiny_qwen3(), tx(), steps=2, **kw)
+  first = trainer(tiny_qwen3(lora=False), tx(), steps=2, **kw)
   first.train(data)
   first.close()
-  model = tiny_qwen3()
-  resumed = trainer(model, tx(), steps=3, **kw)
+  resumed_model = tiny_qwen3(lora=False)
+  resumed = trainer(resumed_model, tx(), steps=3, **kw)
   assert resumed.train_steps == 2 and resumed.iter_steps == 4
   resumed.train(data)
-  straight = tiny_qwen3()
-  trainer(straight, tx(), steps=3, gradient_accumulation_steps=2).train(data)
-  chex.assert_trees_all_equal(trained(model), trained(straight))
+  chex.assert_trees_all_equal(trained(resumed_model), trained(model))
   assert resumed.train_steps == 3 and int(hz.forward_passes(
       nnx.as_pure(resumed.optimizer.opt_state))) == 12
 

@@ -50,8 +50,9 @@ def test_run_and_resume_bit_for_bit(tmp_path):
   assert stored["config"] == whole["config"] and stored["machine"] == harness.machine()
 
 
-@pytest.mark.parametrize("method,options", [("mezo", {"mu": 1e-3}),
-                                            ("fzoo", {"mu": 1e-3, "num_directions": 4})])
+# FZOO: several losses a step on the tape (5 passes), so a replay must split the tape into
+# steps; MeZO's two a step are the same path.
+@pytest.mark.parametrize("method,options", [("fzoo", {"mu": 1e-3, "num_directions": 4})])
 def test_lost_checkpoint_replays_the_loss_tape(tmp_path, method, options):
   cfg = harness.make_config("digits", method, 1e-2, options=options, seed=1, budget=120,
                             eval_every=40)
@@ -72,7 +73,7 @@ def test_lost_checkpoint_replays_the_loss_tape(tmp_path, method, options):
   # the replay consumed the whole tape; whether its params came out bit for bit depends on
   # how XLA compiles the step without its forward passes on this CPU (if not, the harness
   # starts again from step 0), and either way the run ends like the uninterrupted one
-  assert any("replayed 40 steps" in m or "replayed 16 steps" in m for m in logged), logged
+  assert any("replayed 16 steps" in m for m in logged), logged
   assert any("80 of 80 taped losses" in m for m in logged), logged
   strip = lambda r: [{k: v for k, v in e.items() if k != "seconds"} for e in r["curve"]]  # noqa: E731
   (rep,) = replayed["replays"]

@@ -9,7 +9,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-METHODS = ("mezo", "hizoo", "fzoo", "adam")
+# The script's rows are one code path for every method: a zeroth-order one and Adam (whose
+# compiled memory the test compares), then a variant row appended by a second call.
+METHODS = ("mezo", "adam")
 
 
 @pytest.mark.slow
@@ -43,13 +45,13 @@ def test_gpu_benchmark_tiny_table(tmp_path):
   # the rows it measures again.
   proc = subprocess.run(
       [sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py"), "--models", "tiny",
-       "--methods", "lozo", "zo_muon_r16", "mezo", "--repeats", "2", "--out", str(out),
+       "--methods", "zo_muon_r16", "mezo", "--repeats", "2", "--out", str(out),
        "--append"],
       capture_output=True, text=True, timeout=600, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   merged = json.loads(out.read_text())
   methods = [r["method"] for r in merged["rows"]]
-  assert sorted(methods) == sorted(set(METHODS) | {"lozo", "zo_muon_r16"})  # mezo once
+  assert sorted(methods) == sorted(set(METHODS) | {"zo_muon_r16"})  # mezo once
   # a variant row is its method at the options it names (ZO-Muon at the presets' rank 16)
   variant = next(r for r in merged["rows"] if r["method"] == "zo_muon_r16")
   assert variant["opts"] == {"rank": 16} and "error" not in variant, variant
