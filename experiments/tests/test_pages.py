@@ -191,3 +191,24 @@ def test_minilm_page_divergence_table_is_the_saved_results():
       assert h == pytest.approx([1e8] * 3)
     else:
       assert cells[5] == f"{min(h):.1f}–{max(h):.1f}", (prefix, cells[5])
+
+
+def test_llm_guide_and_readme_give_the_default_runs_records():
+  """The prompted-LLM guide's dev table and the README's figure, from the example's default
+  runs (``llm_sst2_mezo_lora_lr1e-3_400passes/seed<s>``)."""
+  runs = [saved_run(f"llm_sst2_mezo_lora_lr1e-3_400passes/seed{s}")["runs"]["mezo"][0]
+          for s in range(3)]
+  assert {r["total_forward_passes"] for r in runs} == {400}
+  acc = [r["final"]["accuracy"] for r in runs]
+  (zero,) = {r["zero_shot"]["accuracy"] for r in runs}
+  rows = _table(_page("guides/llm_prompted.md"), "| seed | 0 | 1 | 2 |")
+  assert rows["accuracy after 400 passes"][:3] == [f"{a:.3f}" for a in acc]
+  mean, sd = np.mean(acc), np.std(acc, ddof=1)
+  assert rows["accuracy after 400 passes"][3].startswith(f"**{mean:.3f} ± {sd:.3f}**")
+  assert f"(+{100 * (mean - zero):.1f} points)" in rows["accuracy after 400 passes"][3]
+  ce = [r["final"]["ce"] for r in runs]
+  assert rows["cross-entropy (0.600 zero-shot)"] == [f"{c:.3f}" for c in ce] + [
+      f"{np.mean(ce):.3f}"]
+  assert {f"{r['zero_shot']['ce']:.3f}" for r in runs} == {"0.600"}
+  readme = _read("README.md")
+  assert f"from {100 * zero:.1f}% zero-shot to **{100 * mean:.1f}% ± {100 * sd:.1f}**" in readme
