@@ -380,8 +380,9 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
 
   ``train_set``/``eval_set`` are ``(ids, mask, labels)`` NumPy arrays. With ``ckpt_dir``,
   saves params, optimizer state and the loss history every ``save_every`` steps; with
-  ``resume`` continues from the newest checkpoint there (bit for bit: batches are a pure
-  function of ``(seed, step)``, the ZO noise of the state's key). ``evaluate`` replaces
+  ``resume`` continues from the newest checkpoint there at or before ``steps`` (bit for bit:
+  batches are a pure function of ``(seed, step)``, the ZO noise of the state's key), which
+  may come from a run of another length. ``evaluate`` replaces
   :func:`make_eval`'s (same signature).
   """
   step_fn = make_step(name, tx, loss_fn)
@@ -392,19 +393,24 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
   # first-order Adam, which has none).
   passes = np.full((steps,), -1, np.int64)
   counted = hz.forward_passes(opt_state) is not None
-  start = 0
   ckpt = checkpoint.Checkpointer(ckpt_dir) if ckpt_dir else None
-  if ckpt is not None and resume and ckpt.latest_step() is not None:
-    tree = {"params": params, "opt_state": opt_state, "history": history,
-            "forward_passes": passes}
-    try:
-      restored = ckpt.restore(tree)
-      passes = np.asarray(restored["forward_passes"]).copy()
-    except (ValueError, KeyError):  # a checkpoint of a version that kept no pass counts
-      restored = ckpt.restore({k: v for k, v in tree.items() if k != "forward_passes"})
+  # The newest checkpoint at or before ``steps``: a longer run's checkpoints also give a
+  # shorter run (batches and noise depend on the step, not on the run's length).
+  start = max((s for s in ckpt.all_steps() if s <= steps), default=0) if (
+      ckpt is not None and resume) else 0
+  if start:
+    saved = ckpt.shapes(start)
+    n = saved["history"].shape[0]  # the saving run's length
+    tree = {"params": params, "opt_state": opt_state,
+            "history": np.full((n,), np.nan, np.float32),
+            "forward_passes": np.full((n,), -1, np.int64)}
+    if "forward_passes" not in saved:  # a checkpoint of a version that kept no pass counts
+      del tree["forward_passes"]
+    restored = ckpt.restore(tree, start)
     params, opt_state = restored["params"], restored["opt_state"]
-    history = np.asarray(restored["history"]).copy()
-    start = int(ckpt.latest_step())
+    history[:start] = np.asarray(restored["history"])[:start]
+    if "forward_passes" in restored:
+      passes[:start] = np.asarray(restored["forward_passes"])[:start]
     if counted and passes[start - 1] < 0:
       # Rebuilt from the counter at the checkpoint: exact for a constant cost per step
       # (every optimizer here at its defaults).

@@ -304,10 +304,12 @@ def test_finetune_minilm_default_steps_are_the_measured_setting():
   assert 20 <= 10_000 // every(10_000) <= 21
 
 
-def test_finetune_minilm_resumes_a_checkpoint_without_pass_counts(tmp_path, monkeypatch):
+def test_finetune_minilm_resumes_old_checkpoints_and_runs_of_other_lengths(tmp_path,
+                                                                           monkeypatch):
   """A checkpoint written before the example kept pass counts (no "forward_passes" in it)
   still resumes: the counts of the steps before it are rebuilt from the state's counter,
-  and equal those of a run that kept them (MeZO: 2 a step)."""
+  and equal those of a run that kept them (MeZO: 2 a step). A 6-step run's checkpoints
+  (3 and 6) resume a 5-step run from 3 and a 9-step run from 6, each the same as run whole."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -329,14 +331,14 @@ def test_finetune_minilm_resumes_a_checkpoint_without_pass_counts(tmp_path, monk
   data = (rng.normal(size=(32, 4)).astype(np.float32), np.ones((32, 4), np.float32),
           rng.integers(0, 2, 32))
 
-  def run(ckpt_dir, resume=False):
+  def run(ckpt_dir, resume=False, steps=6):
     return example.train(name="mezo", tx=example.make_optimizer("mezo", 1e-2, mu=1e-3,
                                                                 alpha=0.0, seed=0),
                          loss_fn=loss_fn, graphdef=graphdef,
                          params=jax.tree.map(jnp.copy, params), frozen=frozen,
-                         train_set=data, eval_set=data, steps=6, batch_size=8, seed=0,
-                         eval_every=0, ckpt_dir=str(ckpt_dir), save_every=3, resume=resume,
-                         show_progress=False)
+                         train_set=data, eval_set=data, steps=steps, batch_size=8,
+                         seed=0, eval_every=0, ckpt_dir=str(ckpt_dir), save_every=3,
+                         resume=resume, show_progress=False)
 
   whole = run(tmp_path / "whole")
   assert whole["forward_passes"] == [2, 4, 6, 8, 10, 12]
@@ -349,6 +351,13 @@ def test_finetune_minilm_resumes_a_checkpoint_without_pass_counts(tmp_path, monk
   resumed = run(tmp_path / "old", resume=True)
   assert resumed["forward_passes"] == whole["forward_passes"]
   assert resumed["losses"] == whole["losses"]
+  shorter = run(tmp_path / "whole", resume=True, steps=5)
+  assert shorter["losses"] == whole["losses"][:5]
+  assert shorter["forward_passes"] == whole["forward_passes"][:5]
+  longer, nine = run(tmp_path / "whole", resume=True, steps=9), run(tmp_path / "nine", steps=9)
+  assert longer["losses"][:6] == whole["losses"] and longer["losses"] == nine["losses"]
+  assert longer["forward_passes"] == nine["forward_passes"] == list(range(2, 20, 2))
+  assert jax.tree.all(jax.tree.map(np.array_equal, longer["params"], nine["params"]))
 
 
 def test_finetune_minilm_defaults_follow_the_data():

@@ -43,7 +43,8 @@ class Checkpointer:
     ocp = _ocp()
     self.directory = os.path.abspath(os.fspath(directory))
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_handlers=ocp.StandardCheckpointHandler())
 
   def save(self, step: int, tree: Any) -> None:
     """Saves ``tree`` as checkpoint ``step`` and waits until it is on disk."""
@@ -59,6 +60,20 @@ class Checkpointer:
     """Saved steps, oldest first."""
     return sorted(self._manager.all_steps())
 
+  def shapes(self, step: int | None = None) -> Any:
+    """The saved tree of checkpoint ``step`` (default: the newest) as
+    ``jax.ShapeDtypeStruct`` leaves, without reading its arrays."""
+    step = self._step(step)
+    meta = self._manager.item_metadata(step)
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype),
+                        getattr(meta, "tree", meta))
+
+  def _step(self, step: int | None) -> int:
+    step = self.latest_step() if step is None else int(step)
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory!r}")
+    return step
+
   def restore(self, template: Any, step: int | None = None) -> Any:
     """Checkpoint ``step`` (default: the newest) in the structure of ``template``.
 
@@ -66,9 +81,7 @@ class Checkpointer:
     shapes and dtypes are checked and kept.
     """
     ocp = _ocp()
-    step = self.latest_step() if step is None else int(step)
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {self.directory!r}")
+    step = self._step(step)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
