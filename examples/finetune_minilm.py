@@ -379,10 +379,10 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
   """Runs ``steps`` steps; returns the loss history, evals and timing.
 
   ``train_set``/``eval_set`` are ``(ids, mask, labels)`` NumPy arrays. With ``ckpt_dir``,
-  saves params, optimizer state and the loss history every ``save_every`` steps; with
-  ``resume`` continues from the newest checkpoint there at or before ``steps`` (bit for bit:
-  batches are a pure function of ``(seed, step)``, the ZO noise of the state's key), which
-  may come from a run of another length. ``evaluate`` replaces
+  saves params, optimizer state and the loss history every ``save_every`` steps and at the
+  last; with ``resume`` continues from the newest checkpoint there at or before ``steps``
+  (bit for bit: batches are a pure function of ``(seed, step)``, the ZO noise of the
+  state's key), which may come from a run of another length. ``evaluate`` replaces
   :func:`make_eval`'s (same signature).
   """
   step_fn = make_step(name, tx, loss_fn)
@@ -439,7 +439,7 @@ def train(*, name, tx, loss_fn, graphdef, params, frozen, train_set, eval_set, s
     bar.set_postfix(loss=f"{history[k]:.4f}")
     if eval_every and ((k + 1) % eval_every == 0 or k + 1 == steps):
       evals.append({"step": k + 1, **evaluate(params, frozen, *eval_set)})
-    if ckpt is not None and save_every and (k + 1) % save_every == 0:
+    if ckpt is not None and save_every and ((k + 1) % save_every == 0 or k + 1 == steps):
       ckpt.save(k + 1, {"params": params, "opt_state": opt_state, "history": history,
                         "forward_passes": passes})
   bar.close()

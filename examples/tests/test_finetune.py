@@ -309,7 +309,8 @@ def test_finetune_minilm_resumes_old_checkpoints_and_runs_of_other_lengths(tmp_p
   """A checkpoint written before the example kept pass counts (no "forward_passes" in it)
   still resumes: the counts of the steps before it are rebuilt from the state's counter,
   and equal those of a run that kept them (MeZO: 2 a step). A 6-step run's checkpoints
-  (3 and 6) resume a 5-step run from 3 and a 9-step run from 6, each the same as run whole."""
+  (3 and 6) resume a 5-step run from 3 (which saves its last step) and a 9-step run from 6,
+  each the same as run whole."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -354,6 +355,7 @@ def test_finetune_minilm_resumes_old_checkpoints_and_runs_of_other_lengths(tmp_p
   shorter = run(tmp_path / "whole", resume=True, steps=5)
   assert shorter["losses"] == whole["losses"][:5]
   assert shorter["forward_passes"] == whole["forward_passes"][:5]
+  assert checkpoint.Checkpointer(tmp_path / "whole").all_steps() == [3, 5, 6]  # and the last
   longer, nine = run(tmp_path / "whole", resume=True, steps=9), run(tmp_path / "nine", steps=9)
   assert longer["losses"][:6] == whole["losses"] and longer["losses"] == nine["losses"]
   assert longer["forward_passes"] == nine["forward_passes"] == list(range(2, 20, 2))
