@@ -3,12 +3,11 @@ are the results pages', every public name has an API page; the examples in smoke
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
-
-import pytest
 
 from tests.helpers import xla_env
 
@@ -43,25 +42,23 @@ def _block_after(marker: str) -> str:
   return m.group(1)
 
 
-def _run(code: str, timeout=600):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", MPLBACKEND="Agg")
-  return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=timeout)
-
-
 # Every Python block of the README and the docs runs, in order; a block sees what the blocks
 # before it on its page defined, and each page starts from a fresh namespace. A block that
 # needs what CI does not have (weights, data sets) is skipped only when the line before it
 # says so, visibly in the Markdown source: <!-- docs-test: skip (the reason) -->.
-# The pages share one fresh process (starting Python with JAX, Flax and the package costs a
-# few seconds a page, a third of the pages' time), except those that change process-wide
-# state, which get one of their own: the sharding guide sets a global mesh (jax.set_mesh).
+# Every page runs in one fresh process (starting Python with JAX, Flax and the package costs
+# a few seconds a process): the pages that change process-wide state run last, after every
+# other page (the sharding guide sets a global mesh, jax.set_mesh). The checks of what a
+# block computes (the README quickstart's loss, the optax guide's transformations stepping)
+# read that run's output: each block's output lies between its "start" and "ok" lines, and
+# an extra check runs right after its block, in a copy of the page's namespace.
 SKIP_MARKER = re.compile(r"<!--\s*docs-test:\s*skip\s*\((.+?)\)\s*-->\s*$")
-OWN_PROCESS = ("docs/guides/sharding.md",)
+RUN_LAST = ("docs/guides/sharding.md",)
 _PAGE_RUNNER = r"""
-import sys, time, traceback
+import json, os, sys, time, traceback
 sys.path.insert(0, "tests")
 from test_docs import python_blocks
+extras = json.loads(os.environ["DOCS_TEST_EXTRAS"])
 failed = []
 for page in sys.argv[1:]:
   ns = {"__name__": "__docs__"}
@@ -70,13 +67,17 @@ for page in sys.argv[1:]:
       print(f"{page}:{line}: skipped ({skip})")
       continue
     t = time.time()
+    print(f"{page}:{line}: start", flush=True)
     try:
       exec(compile(code, f"{page}:{line}", "exec"), ns)
+      if f"{page}:{line}" in extras:
+        exec(compile(extras[f"{page}:{line}"], f"{page}:{line} (check)", "exec"), dict(ns))
+        print(f"{page}:{line}: check ok")
     except BaseException:
       print(f"{page}:{line}: FAILED\n{traceback.format_exc()}")
       failed.append(f"{page}:{line}")
       break  # the page's later blocks build on this one
-    print(f"{page}:{line}: ok ({time.time() - t:.1f} s)")
+    print(f"{page}:{line}: ok ({time.time() - t:.1f} s)", flush=True)
 if failed:
   print("failed: " + ", ".join(failed))
   sys.exit(1)
@@ -126,40 +127,59 @@ def test_the_block_extraction_sees_every_python_fence():
   assert "README.md" in _pages_with_python() and len(_pages_with_python()) >= 8
 
 
-@pytest.mark.parametrize("group", ["shared"] + list(OWN_PROCESS))
-def test_every_python_block_of_the_pages_runs(group):
-  """Every page with Python blocks (``OWN_PROCESS`` ones alone, the others in one process).
-  The sharding guide's mesh needs 8 devices: every page runs on 8 virtual CPU devices."""
-  pages = ([p for p in _pages_with_python() if p not in OWN_PROCESS] if group == "shared"
-           else [group])
-  assert pages and all(p in _pages_with_python() for p in pages), pages
+def _block_line(page: str, code: str) -> int:
+  """The line of the fence of ``page``'s Python block whose code is ``code``."""
+  with open(os.path.join(ROOT, page)) as fh:
+    (line,) = [ln for ln, c, _ in python_blocks(fh.read()) if c == code]
+  return line
+
+
+def _optax_snippet() -> str:
+  return re.search(r"# Composing with Optax.*?```python\n(.*?)```", _page("guides/optax.md"),
+                   re.S).group(1)
+
+
+# Run right after the optax guide's first block: each transformation it builds steps.
+OPTAX_CHECK = (
+    "import jax.numpy as jnp\n"
+    "for tx in (zo_adam, zo_sgd_mmt, zo_sign, averaged, accumulate, scheduled):\n"
+    "    p = {'x': jnp.ones(3)}\n"
+    "    s = tx.init(p)\n"
+    "    u, s = tx.update(None, s, p, value_fn=lambda q: jnp.sum(q['x'] ** 2))\n")
+
+
+def _block_output(out, page: str, line: int) -> str:
+  """What the block at ``page:line`` printed in the pages' run."""
+  m = re.search(rf"^{re.escape(f'{page}:{line}')}: start\n(.*?)^{re.escape(f'{page}:{line}')}"
+                rf": (?:check )?ok", out.stdout, re.S | re.M)
+  assert m, (page, line, out.stdout[-3000:])
+  return m.group(1)
+
+
+def test_every_python_block_of_the_pages_runs():
+  """Every page with Python blocks, in one process (``RUN_LAST`` pages last), on 8 virtual
+  CPU devices (the sharding guide's mesh needs 8). One test, so that pytest-xdist runs the
+  process once: it also checks that the README quickstart learns (its printed loss) and
+  that every transformation the optax guide's first block builds takes a step
+  (``OPTAX_CHECK``, run right after that block)."""
+  pages = _pages_with_python()
+  assert set(RUN_LAST) <= set(pages) and "README.md" in pages, pages
+  pages = [p for p in pages if p not in RUN_LAST] + list(RUN_LAST)
+  optax_line = _block_line("docs/guides/optax.md", _optax_snippet())
+  extras = {f"docs/guides/optax.md:{optax_line}": OPTAX_CHECK}
   env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-                MPLBACKEND="Agg")
+                MPLBACKEND="Agg", DOCS_TEST_EXTRAS=json.dumps(extras))
   out = subprocess.run([sys.executable, "-c", _PAGE_RUNNER, *pages], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1200)
   assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
   for page in pages:  # every page ran: each block says ok or skipped
     assert f"{page}:" in out.stdout, (page, out.stdout[-3000:])
-
-
-def test_readme_quickstart_runs_and_learns():
-  out = _run(_block_after("quickstart"))
-  assert out.returncode == 0, out.stderr
-  loss = float(re.search(r"loss ([0-9.]+)", out.stdout).group(1))
-  assert loss < 0.15, out.stdout  # the initial loss is 0.66
-
-
-def test_optax_guide_snippet_builds():
-  block = re.search(r"# Composing with Optax.*?```python\n(.*?)```", _page("guides/optax.md"),
-                    re.S)
-  code = "import optax, hizoo_jax as hz, jax.numpy as jnp\n" + block.group(1) + (
-      "\nfor tx in (zo_adam, zo_sgd_mmt, zo_sign, averaged, accumulate, scheduled):\n"
-      "    p = {'x': jnp.ones(3)}\n"
-      "    s = tx.init(p)\n"
-      "    u, s = tx.update(None, s, p, value_fn=lambda q: jnp.sum(q['x'] ** 2))\n"
-      "print('ok')\n")
-  out = _run(code)
-  assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+  # the README quickstart learns
+  printed = _block_output(out, "README.md", _block_line("README.md", _block_after("quickstart")))
+  loss = float(re.search(r"loss ([0-9.]+)", printed).group(1))
+  assert loss < 0.15, printed  # the initial loss is 0.66
+  # the optax guide's transformations each take a step
+  assert f"docs/guides/optax.md:{optax_line}: check ok" in out.stdout, out.stdout[-6000:]
 
 
 def test_readme_commands_are_the_ci_commands():

@@ -36,36 +36,42 @@ loss_fn = tanh_mlp_loss
 
 X = jax.random.normal(jax.random.key(1), (32, 8), jnp.float64)
 Y = jax.random.normal(jax.random.key(2), (32, 4), jnp.float64)
+# One linear layer, for the tests whose property does not depend on the model (XLA's
+# compile time grows with the number of leaves).
+SMALL = (8, 4)
 FROZEN = {"l0": {"w": True, "b": False}, "l1": False, "l2": {"w": True, "b": True}}
 LABELS = {"l0": {"w": "a", "b": "frozen"}, "l1": "frozen", "l2": {"w": "a", "b": "b"}}
 
-# Each composition kind once, nested where two kinds combine: the bare methods and their
-# variants (several directions, estimators, samplers, both restores) are
-# tests/test_train_step.py's.
+# Each composition kind at least once, nested where two kinds combine so that one program
+# (one compile per path) exercises several wrappers at once: a wrapper that the engine
+# mishandled would change the nested run. The bare methods and their variants (several
+# directions, estimators, samplers, both restores) are tests/test_train_step.py's.
 COMPOSITIONS = {
-    # a per-params wrapper around HiZOO-L's factored blocks, one direction
-    "preset": lambda: hz.presets.hizoo_l(1e-2, min_dim_size_to_factor=4),
-    # injected learning rate and mu, both scheduled, around HiZOO's ordered curvature
-    "inject_schedules": lambda: optax.inject_hyperparams(hz.hizoo)(
-        learning_rate=optax.cosine_decay_schedule(1e-2, 10),
-        mu=optax.linear_schedule(1e-2, 1e-3, 4), hessian_smoothing=0.1),
-    # Adam reads HiZOO's estimate twice (its two moments are two fusions): a params-shaped
-    # state after the estimate
-    "hizoo_adam": lambda: optax.chain(hz.scale_by_hizoo(hessian_smoothing=0.1),
-                                      optax.scale_by_adam(), optax.scale(-1e-2)),
-    # masked leaves under apply_if_finite's guard
-    "masked_if_finite": lambda: optax.apply_if_finite(
-        optax.masked(hz.hizoo(1e-2, hessian_smoothing=0.1), FROZEN), 3),
-    "multi_transform": lambda: optax.chain(
-        hz.scale_by_zo(),
-        optax.multi_transform({"a": optax.sgd(1e-2), "b": optax.sgd(1e-3),
-                               "frozen": optax.set_to_zero()}, LABELS)),
-    "multi_transform_zo_in_group": lambda: optax.multi_transform(
-        {"a": hz.mezo(1e-2), "b": optax.set_to_zero(), "frozen": optax.set_to_zero()},
+    # the preset's per-params wrapper around HiZOO-L's factored blocks, as one group of
+    # multi_transform, next to a zeroed group and a frozen one (prefix labels)
+    "preset_in_group": lambda: optax.multi_transform(
+        {"a": hz.presets.hizoo_l(1e-2, min_dim_size_to_factor=4), "b": optax.set_to_zero(),
+         "frozen": optax.set_to_zero()},
         {"l0": {"w": "a", "b": "a"}, "l1": "b", "l2": "frozen"}),
+    # Adam reads HiZOO's estimate twice (its two moments are two fusions): a params-shaped
+    # state after the estimate, in one group of a first-order multi_transform
+    "hizoo_adam_groups": lambda: optax.chain(
+        hz.scale_by_hizoo(hessian_smoothing=0.1),
+        optax.multi_transform({"a": optax.chain(optax.scale_by_adam(), optax.scale(-1e-2)),
+                               "b": optax.sgd(1e-3), "frozen": optax.set_to_zero()}, LABELS)),
+    # apply_if_finite's guard around masked leaves of HiZOO's ordered curvature, its
+    # learning rate and mu injected and scheduled
+    "inject_masked_if_finite": lambda: optax.apply_if_finite(optax.masked(
+        optax.inject_hyperparams(hz.hizoo)(
+            learning_rate=optax.cosine_decay_schedule(1e-2, 10),
+            mu=optax.linear_schedule(1e-2, 1e-3, 4), hessian_smoothing=0.1), FROZEN), 3),
     # MultiSteps' conditional update around several directions
     "multi_steps": lambda: optax.MultiSteps(hz.mezo(1e-2, num_directions=2),
                                             every_k_schedule=2),
+    # compiled memory only: masked leaves under apply_if_finite's guard (without the
+    # injected hyperparameters, whose guard's memory is tests/test_guard.py's)
+    "masked_if_finite": lambda: optax.apply_if_finite(
+        optax.masked(hz.hizoo(1e-2, hessian_smoothing=0.1), FROZEN), 3),
     # compiled memory only: several directions replaying HiZOO-L's blocks and HiZOO's H
     "hizoo_l_multi": lambda: hz.hizoo_l(1e-2, hessian_smoothing=0.1, num_directions=3,
                                         min_dim_size_to_factor=4),
@@ -73,7 +79,7 @@ COMPOSITIONS = {
         hz.scale_by_hizoo(hessian_smoothing=0.1, num_directions=2), optax.scale_by_adam(),
         optax.scale(-1e-2)),
 }
-MEMORY_ONLY = ("hizoo_l_multi", "hizoo_multi_adam")
+MEMORY_ONLY = ("masked_if_finite", "hizoo_l_multi", "hizoo_multi_adam")
 
 
 def run_plain(tx, steps=4):
@@ -115,15 +121,14 @@ def run_scan(tx, steps=4):
   return train(params, tx.init(params))
 
 
-# Compositions that also run traced into a user's jit (a lax.scan body). The traced step is
-# the engine's same code without its own jit and donation; what a composition changes is the
-# state it carries and how the update reads the estimate, which the top-level run checks for
-# every composition. These cover each kind: one probe and several, HiZOO's ordered
-# curvature and HiZOO-L's factored blocks, injected hyperparameters, masked and grouped
-# leaves, MultiSteps' conditional update, apply_if_finite's guard, a params-shaped
-# transform after the estimate. (Each traced run is one more compile, 4-8 s on two cores.)
-IN_A_USER_JIT = ("preset", "inject_schedules", "hizoo_adam", "masked_if_finite",
-                 "multi_transform_zo_in_group", "multi_steps")
+# Every composition of the first test also runs traced into a user's jit (a lax.scan body).
+# The traced step is the engine's same code without its own jit and donation; what a
+# composition changes is the state it carries and how the update reads the estimate: one probe and
+# several, HiZOO's ordered curvature and HiZOO-L's factored blocks, injected
+# hyperparameters, masked and grouped leaves, MultiSteps' conditional update,
+# apply_if_finite's guard, a params-shaped transform after the estimate.
+IN_A_USER_JIT = ("preset_in_group", "hizoo_adam_groups", "inject_masked_if_finite",
+                 "multi_steps")
 assert set(IN_A_USER_JIT) <= set(COMPOSITIONS)
 
 
@@ -132,7 +137,7 @@ def test_every_composition_follows_the_plain_path(name):
   make = COMPOSITIONS[name]
   reference = run_plain(make())
   runs = [run] + ([run_scan] if name in IN_A_USER_JIT else [])
-  if name == "hizoo_adam":
+  if name == "hizoo_adam_groups":
     # HiZOO's curvature is a second difference of losses, ~mu^2 = 1e-6 of them, so the
     # lean path's rounding-level loss differences (1e-16 relative) reach H and the
     # estimate at ~1e-10 relative. Adam's first moment sums estimates of both signs: an
@@ -198,7 +203,7 @@ def test_has_aux_returns_the_mean_of_the_perturbed_evaluations():
     loss = loss_fn(p, x, y)
     return loss, {"loss": loss, "count": jnp.asarray(1, jnp.int32)}
 
-  params = mlp()
+  params = mlp(SMALL)
   state = tx.init(params)
   step = hz.make_train_step(tx, loss_aux, has_aux=True)
   params, state, loss, aux = step(params, state, X, Y)
@@ -207,13 +212,13 @@ def test_has_aux_returns_the_mean_of_the_perturbed_evaluations():
   assert int(aux["count"]) == 1
   # without it, a (loss, aux) function is refused with the same message in every path
   for kw in (dict(), dict(lean=False)):
-    params = mlp()
+    params = mlp(SMALL)
     with pytest.raises(ValueError, match="has_aux"):
       hz.make_train_step(tx, loss_aux, **kw)(params, tx.init(params), X, Y)
   # several probes run lean too: aux is the mean over every perturbed evaluation
   tx2 = hz.hizoo(1e-2, num_directions=2)
   _, state, _, aux = hz.make_train_step(tx2, loss_aux, has_aux=True)(
-      mlp(), tx2.init(mlp()), X, Y)
+      mlp(SMALL), tx2.init(mlp(SMALL)), X, Y)
   np.testing.assert_allclose(aux["loss"], np.mean(otu.tree_get(state, "losses")), rtol=1e-15)
 
 
@@ -228,7 +233,7 @@ def test_loss_checks_are_the_same_in_every_path(kw):
 
 def test_traced_hyperparameters_are_sanitised_in_jit():
   """A schedule alpha of 2 is clamped to 1; an injected mu <= 0 skips the step."""
-  params = mlp()
+  params = mlp(SMALL)
   tx = hz.hizoo(1e-2, hessian_smoothing=lambda count: 2.0)
   ref = hz.hizoo(1e-2, hessian_smoothing=1.0)
   for t in (tx, ref):
@@ -246,11 +251,11 @@ def test_traced_hyperparameters_are_sanitised_in_jit():
   assert int(otu.tree_get(s, "skipped_directions")) == 1
 
 
-# Each kind of state once: HiZOO-L's blocks (preset), HiZOO's H read and rewritten in place
-# under masking and apply_if_finite's guard, MultiSteps' params-shaped sum held over several
-# probes, several probes replaying HiZOO-L's blocks, and HiZOO's H with Adam's moments
-# (Adam reads the estimate twice).
-@pytest.mark.parametrize("name", ["preset", "masked_if_finite", "multi_steps",
+# Each kind of state once: HiZOO-L's blocks (the preset, in a group), HiZOO's H read and
+# rewritten in place under masking and apply_if_finite's guard, MultiSteps' params-sized
+# sum held over several probes, several probes replaying HiZOO-L's blocks, and HiZOO's H
+# with Adam's moments (Adam reads the estimate twice).
+@pytest.mark.parametrize("name", ["preset_in_group", "masked_if_finite", "multi_steps",
                                   "hizoo_l_multi", "hizoo_multi_adam"])
 def test_the_step_keeps_no_params_sized_temporary(name, monkeypatch):
   """Compiled memory of the step beyond its arguments, over a forward pass, in param bytes:
@@ -271,11 +276,13 @@ def test_the_step_keeps_no_params_sized_temporary(name, monkeypatch):
   # place: without the engine's ordering (Method.state_after_params) XLA keeps a copy of H
   # (0.99).
   bound = {"hizoo_l_multi": 0.1}.get(name, 0.05)
-  # Traced into a user's jit too for the kinds of state IN_A_USER_JIT names. The others
-  # measured there (float32, jaxlib 0.10): 0.014 (hizoo_adam), 0.019 (several HiZOO
-  # probes), 0.054 (hizoo_l_multi), each 0.01 above its top-level figure.
+  # Traced into a user's jit too for the kinds of state IN_A_USER_JIT names and
+  # masked_if_finite. The others measured there (float32, jaxlib 0.10): 0.014 (HiZOO with
+  # Adam), 0.019 (several HiZOO probes), 0.054 (hizoo_l_multi), each 0.01 above its
+  # top-level figure.
+  traced = name in IN_A_USER_JIT + ("masked_if_finite",)
   for where, extra in lean_step_extra(tx, loss_fn, params, x, y,
-                                      in_a_user_jit=name in IN_A_USER_JIT).items():
+                                      in_a_user_jit=traced).items():
     assert extra <= bound, (where, extra)
 
 

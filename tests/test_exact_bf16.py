@@ -38,8 +38,15 @@ def loss_fn(p, x, y):
   return tanh_mlp_loss(p, x, y).astype(jnp.float32)
 
 
+# One linear layer: a matrix leaf and a vector leaf, each kind of leaf the methods treat
+# apart (HiZOO-L's factored H, the low-rank methods' factors, ZO-Muon's vectors). Equal bits
+# do not depend on the number or the width of the leaves; each more leaf is one more pass of
+# the engine's loop to compile.
+SIZES = [8, 4]
+
+
 def run(tx, step, steps=3):
-  params = tanh_mlp([8, 16, 4], jnp.bfloat16, 0)
+  params = tanh_mlp(SIZES, jnp.bfloat16, 0)
   state = tx.init(params)
   losses = []
   for _ in range(steps):
@@ -100,7 +107,7 @@ def test_bfloat16_default_step_is_the_plain_update_bit_for_bit():
 def test_bfloat16_default_step_does_not_drift():
   """At learning rate 0 the default step leaves bfloat16 params unchanged, every bit, over
   20 steps; the in-place restore moves them by rounding."""
-  params0 = tanh_mlp([8, 16, 4], jnp.bfloat16, 0)
+  params0 = tanh_mlp(SIZES, jnp.bfloat16, 0)
   tx = hz.mezo(0.0, mu=1e-2)
   out = {}
   for restore in ("auto", "inplace"):
@@ -134,8 +141,15 @@ def _decoder(mode):
     logits = model.logits(model(ids))[:, :-1].astype(jnp.float32)
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]))
 
-  model = llama.LlamaForCausalLM(llama.tiny_config(), param_dtype=jnp.bfloat16,
-                                 dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  # Full fine-tuning on one decoder layer (12 leaves, 200 KiB: a second layer adds leaves
+  # to compile and no kind of buffer): a perturbed copy of the params is 1.0 params-worth,
+  # the measured steps 0.03-0.15 against bounds of 0.42 (HiZOO's 2.4 with its H). LoRA on
+  # two layers: the slack its bound allows for the activations' layouts (5% of the forward
+  # pass's temporaries) is measured at 2% with two layers and 4.3% (FZOO's) with one.
+  layers = 1 if mode == "ft" else 2
+  model = llama.LlamaForCausalLM(llama.tiny_config(num_hidden_layers=layers),
+                                 param_dtype=jnp.bfloat16, dtype=jnp.bfloat16,
+                                 rngs=nnx.Rngs(0))
   if mode == "lora":
     peft.apply_lora(model, rank=8, rngs=nnx.Rngs(1))
   graphdef, params, frozen = peft.split_trainable(model, mode)

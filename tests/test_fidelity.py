@@ -4,6 +4,8 @@ with only a learning rate, bfloat16 hyperparameters and a foreign optimizer stat
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -116,6 +118,37 @@ def test_bfloat16_params_under_inject_hyperparams():
 INJECTED = {name: {} for name in METHODS}
 INJECTED.update(lozo_m=dict(momentum=0.9, rank=3), zo_muon_rank=dict(rank=2, vector_scale=1e-3),
                 subzero_rank=dict(rank=2))
+# The compiled steps below take a kernel, a vector and a stacked leaf: the leaf kinds whose
+# state an option shapes (a second vector, the norm scale, would only add to the compiles).
+INJECT_PARAMS = {k: PARAMS[k] for k in ("kernel", "bias", "stack")}
+
+
+def inject_loss(p):
+  """``loss`` with the norm scale held at its value in ``PARAMS`` (ones)."""
+  return loss(dict(p, scale=PARAMS["scale"]))
+
+
+def _inject_case(case):
+  """The alias, its keyword options and the injected optimizer of an ``INJECTED`` case."""
+  make = getattr(hz, case.split("_rank")[0].replace("lozo_m", "lozo"))
+  kw = INJECTED[case]
+  return make, kw, optax.inject_hyperparams(make)(learning_rate=1e-2, **kw)
+
+
+@functools.cache
+def _plain_params(case, steps=2):
+  """The params after each of ``steps`` jitted steps of ``hz.X`` itself, from
+  ``INJECT_PARAMS`` (shared by the tests that compare an injected optimizer with it)."""
+  make, kw, _ = _inject_case(case)
+  plain = make(1e-2, **kw)
+  p, s = INJECT_PARAMS, plain.init(INJECT_PARAMS)
+  step = jax.jit(lambda s, p: plain.update(None, s, p, value_fn=inject_loss))
+  out = []
+  for _ in range(steps):
+    u, s = step(s, p)
+    p = optax.apply_updates(p, u)
+    out.append(p)
+  return out
 
 
 @pytest.mark.parametrize("case", list(INJECTED))
@@ -123,34 +156,27 @@ def test_inject_hyperparams_with_only_a_learning_rate(case):
   """``optax.inject_hyperparams(hz.X)(learning_rate=...)`` (and with a rank, a momentum or a
   vector scale passed as numbers) steps under ``jit`` exactly as ``hz.X``: options that
   shape the state come back from the state, float options are injected."""
-  name = case.split("_rank")[0].replace("lozo_m", "lozo")
-  make = getattr(hz, name)
-  kw = INJECTED[case]
-  plain = make(1e-2, **kw)
-  injected = optax.inject_hyperparams(make)(learning_rate=1e-2, **kw)
-  p1, p2 = PARAMS, PARAMS
-  s1, s2 = plain.init(p1), injected.init(p2)
-  step1 = jax.jit(lambda s, p: plain.update(None, s, p, value_fn=loss))
-  step2 = jax.jit(lambda s, p: injected.update(None, s, p, value_fn=loss))
-  for _ in range(2):
-    u1, s1 = step1(s1, p1)
-    u2, s2 = step2(s2, p2)
-    p1, p2 = optax.apply_updates(p1, u1), optax.apply_updates(p2, u2)
-  for k in PARAMS:
-    np.testing.assert_allclose(np.asarray(p2[k]), np.asarray(p1[k]), rtol=1e-6, atol=1e-7)
-  assert any(not np.array_equal(p1[k], PARAMS[k]) for k in PARAMS)
+  _, _, injected = _inject_case(case)
+  plain = _plain_params(case)
+  p, s = INJECT_PARAMS, injected.init(INJECT_PARAMS)
+  step = jax.jit(lambda s, p: injected.update(None, s, p, value_fn=inject_loss))
+  for want in plain:
+    u, s = step(s, p)
+    p = optax.apply_updates(p, u)
+    for k in INJECT_PARAMS:
+      np.testing.assert_allclose(np.asarray(p[k]), np.asarray(want[k]), rtol=1e-6, atol=1e-7)
+  assert any(not np.array_equal(plain[-1][k], INJECT_PARAMS[k]) for k in INJECT_PARAMS)
 
 
 def test_injected_rank_runs_in_the_lean_engine():
-  """The rank recovered from the state also serves ``make_train_step``."""
-  tx = optax.inject_hyperparams(hz.zo_muon)(learning_rate=1e-2, rank=2)
-  plain = hz.zo_muon(1e-2, rank=2)
-  step = hz.make_train_step(tx, loss)
-  step_plain = hz.make_train_step(plain, loss)
-  fresh = lambda: jax.tree.map(jnp.array, PARAMS)  # the step donates its params
+  """The rank recovered from the state also serves ``make_train_step``: its first step is
+  the plain alias's (``hz.zo_muon(1e-2, rank=2, vector_scale=1e-3)``) under ``jit``."""
+  _, _, tx = _inject_case("zo_muon_rank")
+  step = hz.make_train_step(tx, inject_loss)
+  fresh = lambda: jax.tree.map(jnp.array, INJECT_PARAMS)  # the step donates its params
   p, _ = step(fresh(), tx.init(fresh()))[:2]
-  q, _ = step_plain(fresh(), plain.init(fresh()))[:2]
-  for k in PARAMS:
+  q = _plain_params("zo_muon_rank")[0]
+  for k in INJECT_PARAMS:
     np.testing.assert_allclose(np.asarray(p[k]), np.asarray(q[k]), rtol=1e-6, atol=1e-7)
 
 

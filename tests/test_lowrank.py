@@ -1,6 +1,7 @@
 """LOZO / LOZO-M, SubZero and ZO-Muon against NumPy float64 references of the published
 algorithms (the module docstrings of hizoo_jax/_src/methods/{lozo,subzero,zo_muon}.py),
-their compositions with Optax, the lean step's memory, and bfloat16 params.
+their compositions with Optax, the lean step's memory, and bfloat16 params. (On 8 devices:
+tests/multidevice/test_lowrank_mesh.py, run by tests/test_sharding.py.)
 
 The references regenerate the step's Gaussian factors with the library's documented key
 schedule (state key -> (noise key, next) = split; probe j's words from
@@ -562,16 +563,3 @@ def test_bfloat16_params_train_like_float32(name):
   initial = float(tn.loss_fn(tn.init(1, jnp.float32), x, y))
   assert final[jnp.float32] <= 0.5 * initial, (final, initial)
   assert final[jnp.bfloat16] <= 1.25 * final[jnp.float32], final
-
-
-# --- sharding: 8 virtual devices, in a subprocess -----------------------------------------
-
-
-@pytest.mark.slow
-def test_fsdp_on_8_virtual_devices():
-  env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "tests/multidevice/test_lowrank_mesh.py"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
-  assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout[-2000:]

@@ -112,42 +112,35 @@ def direct_loss(model, prefix, ids, mask, labels, label_ids):
   return -np.mean(logp[np.arange(len(rows)), labels])
 
 
-@pytest.mark.parametrize("share", [True, False])
-def test_prompted_loss_matches_a_direct_computation(share):
+def test_prompted_loss_matches_a_direct_computation_and_follows_the_params():
   """The classifier's cross-entropy (LM head at the answer only, label words only, shared
-  prefix or not) equals the full forward + restricted log-softmax, to float64 rounding."""
+  prefix or not) equals the full forward + restricted log-softmax, to float64 rounding.
+
+  And under a loss of params (what a zeroth-order step evaluates at w + mu z), the shared
+  and the unshared prefix give the same loss for changed weights, which differs from the
+  unchanged one: the prefix's keys/values are no constant of the original model. Both
+  losses are the jitted loss of params a training step runs."""
   tokenize = data.byte_tokenize
   tpl = prompt.chat(CHATML, INSTRUCTION, ("n", "p"))
-  model = tiny_model()
-  clf = prompt.classifier(model, tokenize, tpl, share_prefix=share)
-  assert clf.prefix_ids == tuple(tokenize(tpl.head)) and len(clf.prefix_ids) > 40
   ids, mask = tpl.encode(tokenize, SENTENCES)
   labels = np.array([1, 0, 0, 1])
-  got = heads.cross_entropy(clf(jnp.asarray(ids), jnp.asarray(mask)), jnp.asarray(labels))
-  want = direct_loss(model, np.array(clf.prefix_ids), ids, mask, labels, clf.label_token_ids)
-  assert abs(want) > 0.1
-  np.testing.assert_allclose(float(got), want, rtol=1e-11)
-
-
-def test_shared_prefix_is_recomputed_from_the_perturbed_params():
-  """Under a loss of params (what a zeroth-order step evaluates at w + mu z), the shared and
-  the unshared prefix give the same loss for changed weights, which differs from the
-  unchanged one: the prefix's keys/values are no constant of the original model."""
-  tokenize = data.byte_tokenize
-  tpl = prompt.chat(CHATML, INSTRUCTION, ("n", "p"))
-  ids, mask = (jnp.asarray(a) for a in tpl.encode(tokenize, SENTENCES))
-  labels = jnp.asarray([1, 0, 0, 1])
+  batch = (jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(labels))
   losses = []
   for share in (True, False):
     clf = prompt.classifier(tiny_model(), tokenize, tpl, share_prefix=share)
+    assert clf.prefix_ids == tuple(tokenize(tpl.head)) and len(clf.prefix_ids) > 40
     graphdef, params, frozen = peft.split_trainable(clf, "ft")
     loss_fn = jax.jit(peft.make_loss_fn(
         graphdef, lambda m, i, am, y: heads.cross_entropy(m(i, am), y)))
     z = jax.tree.map(lambda p: 0.05 * jnp.ones_like(p), params)
     moved = jax.tree.map(jnp.add, params, z)
-    losses.append((float(loss_fn(params, frozen, ids, mask, labels)),
-                   float(loss_fn(moved, frozen, ids, mask, labels))))
+    losses.append((float(loss_fn(params, frozen, *batch)),
+                   float(loss_fn(moved, frozen, *batch))))
+  want = direct_loss(tiny_model(), np.array(clf.prefix_ids), ids, mask, labels,
+                     clf.label_token_ids)
+  assert abs(want) > 0.1
   (a0, a1), (b0, b1) = losses
+  np.testing.assert_allclose([a0, b0], [want, want], rtol=1e-11)
   np.testing.assert_allclose([a0, a1], [b0, b1], rtol=1e-11)
   assert abs(a1 - a0) > 1e-3
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -26,11 +27,20 @@ FLAX_EXTRA = ("flax", "safetensors", "tokenizers", "orbax")
 NOT_DECLARED = ("sklearn", "matplotlib", "tqdm", "torch", "transformers", "pandas", "scipy",
                 "IPython", "experiments", "tests")
 
-# A fresh interpreter with the given top-level names made unimportable (a meta-path hook that
-# raises ModuleNotFoundError, as a plain install without them would), importing each module.
-_PROBE = """
-import importlib, sys
-BLOCKED = set(sys.argv[1].split(","))
+# One fresh interpreter runs every probe of the installed package, each phase printing
+# "<phase>: ok" or "<phase>: FAILED" and its traceback (starting Python with JAX costs a
+# few seconds a process). A meta-path hook makes the blocked top-level names unimportable
+# (it raises ModuleNotFoundError, as a plain install without them would):
+#   core:   the core modules with the flax extra and the undeclared packages blocked;
+#   probe:  with flax alone blocked, importing hizoo_jax.models fails naming the block (the
+#           hook works; the partly imported models modules are then dropped);
+#   models: the models modules with the undeclared packages blocked (flax allowed);
+#   doctest: with nothing blocked, every ``>>>`` example of the given modules.
+# Each import phase also asserts that no blocked module was loaded.
+_PROBE = r"""
+import doctest, importlib, json, sys, traceback
+plan = json.loads(sys.argv[1])
+BLOCKED = set()
 
 class Block:
   def find_spec(self, name, path=None, target=None):
@@ -39,11 +49,44 @@ class Block:
     return None
 
 sys.meta_path.insert(0, Block())
-for mod in sys.argv[2].split(","):
-  importlib.import_module(mod)
-leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
-assert not leaked, leaked
-print("ok", len(sys.argv[2].split(",")))
+
+def imports(blocked, modules):
+  BLOCKED.clear()
+  BLOCKED.update(blocked)
+  for mod in modules:
+    importlib.import_module(mod)
+  leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+  assert not leaked, leaked
+
+def probe(blocked, module):
+  BLOCKED.clear()
+  BLOCKED.update(blocked)
+  try:
+    importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    assert "blocked" in str(e), e
+  else:
+    raise AssertionError(f"{module} imported with {blocked} blocked")
+  for m in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+    del sys.modules[m]
+
+def doctests(modules):
+  BLOCKED.clear()
+  failed = tried = 0
+  for name in modules:
+    res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS
+                          | doctest.NORMALIZE_WHITESPACE)
+    failed += res.failed
+    tried += res.attempted
+  print(f"doctests: {tried} tried, {failed} failed")
+  assert not failed
+
+for phase, fn, args in plan:
+  try:
+    {"imports": imports, "probe": probe, "doctests": doctests}[fn](*args)
+    print(f"{phase}: ok", flush=True)
+  except BaseException:
+    print(f"{phase}: FAILED\n{traceback.format_exc()}", flush=True)
 """
 
 
@@ -60,14 +103,6 @@ def _modules() -> list[str]:
   return sorted(n for n in names if "__pycache__" not in n)
 
 
-def _import_blocking(blocked, modules):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  # run outside the repository so that only the installed package is importable
-  return subprocess.run([sys.executable, "-c", _PROBE, ",".join(blocked), ",".join(modules)],
-                        cwd="/", env=env,
-                        capture_output=True, text=True, timeout=300)
-
-
 def test_the_package_ships_the_expected_modules():
   mods = _modules()
   assert {"hizoo_jax", "hizoo_jax.presets", "hizoo_jax._src.transform",
@@ -80,22 +115,36 @@ def test_the_package_ships_the_expected_modules():
 WITH_EXTRAS = ("hizoo_jax.models", "hizoo_jax.integrations.")
 
 
-def test_core_modules_import_with_the_core_dependencies_alone():
+def _phase(out, phase):
+  assert f"{phase}: ok" in out.stdout, out.stdout[-6000:] + out.stderr[-3000:]
+
+
+def test_modules_import_with_their_declared_dependencies_and_the_doctests_run():
+  """In one fresh interpreter (``_PROBE``), run outside the repository so that only the
+  installed package is importable: the core modules import with the core dependencies
+  alone, the probe's block does block, the models import with the flax extra alone, and
+  every ``>>>`` example in the package runs, with jax's defaults (float32, as a user runs
+  them; the test session has float64 on)."""
   core = [m for m in _modules() if not m.startswith(WITH_EXTRAS)]
-  out = _import_blocking(FLAX_EXTRA + NOT_DECLARED, core)
-  assert out.returncode == 0, out.stderr[-3000:]
-
-
-def test_models_import_with_the_flax_extra_alone():
-  pytest.importorskip("flax")
   models = [m for m in _modules() if m.startswith("hizoo_jax.models")]
-  out = _import_blocking(NOT_DECLARED, models)
+  with_doctests = [m for m in _modules() if not m.startswith("hizoo_jax.integrations.")
+                   or importlib.util.find_spec(m.split(".")[-1]) is not None]  # its framework
+  plan = [("core", "imports", [FLAX_EXTRA + NOT_DECLARED, core]),
+          ("probe", "probe", [["flax"], "hizoo_jax.models"])]
+  has_flax = importlib.util.find_spec("flax") is not None  # hizoo_jax.models needs flax
+  if has_flax:
+    plan += [("models", "imports", [NOT_DECLARED, models]),
+             ("doctests", "doctests", [with_doctests])]
+  out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(plan)], cwd="/",
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True, timeout=600)
+  for phase, _, _ in plan:
+    _phase(out, phase)
   assert out.returncode == 0, out.stderr[-3000:]
-
-
-def test_the_probe_does_block():
-  out = _import_blocking(("flax",), ["hizoo_jax.models"])
-  assert out.returncode != 0 and "blocked" in out.stderr
+  if not has_flax:
+    pytest.skip("the models and the doctests need flax (the core and the probe ran)")
+  tried = int(out.stdout.split("doctests: ")[1].split()[0])
+  assert tried >= 10, out.stdout
 
 
 def test_no_module_outside_models_names_flax_or_sklearn():
@@ -157,30 +206,3 @@ def test_version_is_written_once():
     changelog = fh.read()
   assert "## [Unreleased]" in changelog
   assert f"## [{hizoo_jax.__version__}]" in changelog
-
-
-_DOCTEST = """
-import doctest, importlib, sys
-failed = tried = 0
-for name in sys.argv[1].split(","):
-  res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS
-                        | doctest.NORMALIZE_WHITESPACE)
-  failed += res.failed
-  tried += res.attempted
-print(f"doctests: {tried} tried, {failed} failed")
-sys.exit(1 if failed else 0)
-"""
-
-
-def test_docstring_examples_run():
-  """Every ``>>>`` example in the package, in a fresh interpreter with jax's defaults (float32,
-  as a user runs them; the test session has float64 on)."""
-  mods = [m for m in _modules() if not m.startswith("hizoo_jax.integrations.")
-          or importlib.util.find_spec(m.split(".")[-1]) is not None]  # its framework
-  pytest.importorskip("flax", reason="hizoo_jax.models needs flax")
-  out = subprocess.run([sys.executable, "-c", _DOCTEST, ",".join(mods)], cwd="/",
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
-                       timeout=600)
-  assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
-  tried = int(out.stdout.split("doctests: ")[1].split()[0])
-  assert tried >= 10, out.stdout

@@ -1,5 +1,6 @@
-"""Runs tests/multidevice/test_mesh.py on 8 virtual CPU devices, in a subprocess (XLA_FLAGS must be
-set before JAX is imported, and this process already imported it with one device)."""
+"""Runs tests/multidevice (test_mesh.py and test_lowrank_mesh.py) on 8 virtual CPU devices, in
+one subprocess (XLA_FLAGS must be set before JAX is imported, and this process already
+imported it with one device), and checks the state shardings on one device."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_multidevice_suite_on_8_virtual_devices():
   env = xla_env("--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  # tests/multidevice/test_lowrank_mesh.py runs from tests/test_lowrank.py, in a
-  # subprocess of its own (one run of each file, and the two can take both cores).
+  # both files in one process: one start of Python, JAX and pytest, and the lowrank file
+  # reuses the mesh file's module (its problem, its helpers) as imported
   out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "tests/multidevice/test_mesh.py"], cwd=ROOT, env=env,
+                        "tests/multidevice/test_mesh.py",
+                        "tests/multidevice/test_lowrank_mesh.py"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=1500)
   assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
   assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout[-2000:]

@@ -37,9 +37,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB, LENGTH, BATCH = 64, 8, 4
 
 
-def tiny_qwen3(lora: bool = True, embed: int = 32, hidden: int = 64, layers: int = 2,
+def tiny_qwen3(lora: bool = True, embed: int = 32, hidden: int = 64, layers: int = 1,
                dtype=jnp.float32) -> nnx.Module:
-  """A random Qwen3 of Tunix's own class (the same seed gives the same model)."""
+  """A random Qwen3 of Tunix's own class (the same seed gives the same model). One layer:
+  what the tests check (the trainer's step against the library's, resumption, memory)
+  does not depend on the depth, and XLA's compile time grows with the number of leaves."""
   cfg = qwen3.ModelConfig(num_layers=layers, vocab_size=VOCAB, embed_dim=embed,
                           hidden_dim=hidden, num_heads=4, head_dim=8, num_kv_heads=2,
                           rope_theta=10_000, norm_eps=1e-6, dtype=dtype, param_dtype=dtype)
@@ -92,8 +94,9 @@ def trained(model) -> dict:
   return nnx.as_pure(nnx.state(model, zt.trainable_filter(model)))
 
 
-def reference(model, tx, data):
-  """The library's own ``make_train_step`` on Tunix's default loss, same batches."""
+def reference(model, tx, data, trajectory: list | None = None):
+  """The library's own ``make_train_step`` on Tunix's default loss, same batches (the params
+  after each call appended to ``trajectory``)."""
   graphdef, params, rest = nnx.split(model, zt.trainable_filter(model), ...)
   params, rest = nnx.as_pure(params), nnx.as_pure(rest)
 
@@ -109,6 +112,8 @@ def reference(model, tx, data):
     losses.append(float(loss))
     grads.append(float(zt.projected_gradient(state)))
     passes.append(int(hz.forward_passes(state)))
+    if trajectory is not None:  # a copy: the next step donates params
+      trajectory.append(jax.tree.map(np.array, params))
   return params, state, losses, grads, passes
 
 
@@ -176,46 +181,51 @@ def test_trainer_gives_the_params_of_make_train_step(name):
 def test_gradient_accumulation_measures_every_micro_batch_and_resumes(tmp_path):
   """Full fine-tuning (every nnx.Param) with Tunix's gradient_accumulation_steps = k runs
   hz.accumulate (not Tunix's optax.MultiSteps, which would discard all but the last
-  micro-batch's measurements): the params of make_train_step with hz.accumulate on the
-  same micro-batches, every micro-batch's passes counted, steps counted as Tunix counts
-  them. A run stopped after 2 steps and resumed from its checkpoint by a new trainer skips
-  the 4 micro-batches it trained on (Tunix counts them from the restored steps) and gives
-  the params of the run never stopped, bit for bit. (That hz.accumulate's step is the
-  larger batch's: tests/test_accumulate.py.)"""
+  micro-batch's measurements): a run stopped after 2 steps has the params of
+  make_train_step with hz.accumulate on the same micro-batches, bit for bit, every
+  micro-batch's passes counted, steps counted as Tunix counts them. Resumed from its
+  checkpoint by a new trainer, it skips the 4 micro-batches it trained on (Tunix counts
+  them from the restored steps) and its third step gives make_train_step's third step bit
+  for bit: the params of the run never stopped. (That hz.accumulate's step is the larger
+  batch's: tests/test_accumulate.py.)"""
   data = batches(6)
   tx = lambda: hz.mezo(1e-2, mu=1e-2)  # noqa: E731
-  model = tiny_qwen3(lora=False)
-  assert zt.trainable_filter(model) is nnx.Param
-  t = trainer(model, tx(), steps=3, gradient_accumulation_steps=2)
-  t.train(data)
-  state = nnx.as_pure(t.optimizer.opt_state)
-  if zt.STEP_SIGNATURE == "inputs":  # Tunix 0.1.7's MultiSteps state, its gradients unused
-    assert isinstance(state, optax.MultiStepsState)
-    assert all(not np.any(g) for g in jax.tree.leaves(state.acc_grads))
-    assert int(state.gradient_step) == 0
-  want, state, *_ = reference(tiny_qwen3(lora=False), hz.accumulate(tx(), 2), data)
-  chex.assert_trees_all_equal(trained(model), want)
+  after = []  # make_train_step's params after each micro-batch
+  want, want_state, *_ = reference(tiny_qwen3(lora=False), hz.accumulate(tx(), 2), data,
+                                   trajectory=after)
+  assert int(hz.forward_passes(want_state)) == 12
   assert not np.array_equal(jax.tree.leaves(want)[0],
                             jax.tree.leaves(trained(tiny_qwen3(lora=False)))[0])
-  assert t.train_steps == 3 and t.iter_steps == 6 and int(hz.forward_passes(state)) == 12
-  # logged once per step (two micro-batches each): the count after its last micro-batch
-  np.testing.assert_array_equal(
-      t.metrics_logger.get_metric_history("", zt.PASSES_METRIC, "train"), [4, 8, 12])
 
   opts = ocp.CheckpointManagerOptions(save_interval_steps=1, max_to_keep=5,
                                       enable_async_checkpointing=False)
   kw = dict(gradient_accumulation_steps=2, checkpoint_root_directory=str(tmp_path),
             checkpointing_options=opts)
-  first = trainer(tiny_qwen3(lora=False), tx(), steps=2, **kw)
+  model = tiny_qwen3(lora=False)
+  assert zt.trainable_filter(model) is nnx.Param
+  first = trainer(model, tx(), steps=2, **kw)
   first.train(data)
+  state = nnx.as_pure(first.optimizer.opt_state)
+  if zt.STEP_SIGNATURE == "inputs":  # Tunix 0.1.7's MultiSteps state, its gradients unused
+    assert isinstance(state, optax.MultiStepsState)
+    assert all(not np.any(g) for g in jax.tree.leaves(state.acc_grads))
+    assert int(state.gradient_step) == 0
+  chex.assert_trees_all_equal(trained(model), after[3])
+  assert first.train_steps == 2 and first.iter_steps == 4
+  assert int(hz.forward_passes(state)) == 8
+  # logged once per step (two micro-batches each): the count after its last micro-batch
+  np.testing.assert_array_equal(
+      first.metrics_logger.get_metric_history("", zt.PASSES_METRIC, "train"), [4, 8])
   first.close()
+
   resumed_model = tiny_qwen3(lora=False)
   resumed = trainer(resumed_model, tx(), steps=3, **kw)
   assert resumed.train_steps == 2 and resumed.iter_steps == 4
   resumed.train(data)
-  chex.assert_trees_all_equal(trained(resumed_model), trained(model))
-  assert resumed.train_steps == 3 and int(hz.forward_passes(
-      nnx.as_pure(resumed.optimizer.opt_state))) == 12
+  chex.assert_trees_all_equal(trained(resumed_model), want)
+  assert resumed.train_steps == 3 and resumed.iter_steps == 6
+  assert int(hz.forward_passes(nnx.as_pure(resumed.optimizer.opt_state))) == 12
+  assert resumed.metrics_logger.get_metric_history("", zt.PASSES_METRIC, "train")[-1] == 12
 
 
 def test_custom_loss_with_aux_and_eval():
@@ -303,8 +313,9 @@ def _run_worker(ckpt: str, steps: int, kill_at: int | None, out: str | None) -> 
 def test_checkpoint_kill_and_resume_give_the_uninterrupted_run(tmp_path):
   """A HiZOO run killed at the end of step 3 (last checkpoint: step 2) and resumed by a new
   trainer in another process gives the params and optimizer state (PRNG key, Hessian,
-  counts) of a run never interrupted, bit for bit."""
-  steps = 6
+  counts) of a run never interrupted, bit for bit (the resumed run retrains step 3 and
+  trains step 4)."""
+  steps = 4
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   worker = [sys.executable, os.path.abspath(__file__), "--worker"]
   killed = subprocess.run(worker + [str(tmp_path / "a"), str(steps), str(KILL_AT), ""],
@@ -334,7 +345,7 @@ def _compiled(fn, *args, donate=()):
 
 @pytest.mark.parametrize("name", ["hizoo"])
 def test_the_step_is_lean(name):
-  """Full fine-tuning of a model whose params outweigh its activations (3.5 MB of params,
+  """Full fine-tuning of a model whose params outweigh its activations (3.3 MB of params,
   a 2 x 8 batch), compiled as Tunix compiles it: the trainer's step holds no params-sized
   temporary beyond the forward pass's (measured: about 0.01 param bytes, the loop's
   bookkeeping), where the optimizer's plain ``update`` with a ``value_fn`` holds a
@@ -342,7 +353,7 @@ def test_the_step_is_lean(name):
   unperturbed params (l0) before the perturbation loop; MeZO and HiZOO-L measure the same
   0.003 (the docs' Tunix guide)."""
   tx = {"mezo": hz.mezo(1e-3, mu=1e-3), "hizoo": hz.hizoo(1e-3, mu=1e-3)}[name]
-  model = tiny_qwen3(lora=False, embed=256, hidden=512)
+  model = tiny_qwen3(lora=False, embed=256, hidden=1024)
   x = batches(1)[0]
   x = peft_trainer.TrainingInput(input_tokens=x.input_tokens[:2], input_mask=x.input_mask[:2])
   param_bytes = sum(v.nbytes for v in jax.tree.leaves(nnx.state(model, nnx.Param)))

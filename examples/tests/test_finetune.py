@@ -43,14 +43,15 @@ def results(out_dir):
     return json.load(fh)
 
 
-def check_outputs(out_dir, optimizers):
+def check_outputs(out_dir, optimizers, steps=6):
+  """The three output files, the runs by optimizer, ``steps`` finite losses each."""
   for name in ("loss_curve.png", "results.json", "results.md"):
     assert os.path.getsize(os.path.join(out_dir, name)) > 0
   res = results(out_dir)
   assert list(res["runs"]) == optimizers
   for name in optimizers:
     (run,) = res["runs"][name]
-    assert len(run["losses"]) == 6 and all(abs(x) < 10 for x in run["losses"])
+    assert len(run["losses"]) == steps and all(abs(x) < 10 for x in run["losses"])
     assert 0.0 <= run["final"]["accuracy"] <= 1.0
   return res
 
@@ -60,19 +61,19 @@ def check_outputs(out_dir, optimizers):
 def test_finetune_minilm_runs_the_new_methods_by_name_and_adam(tmp_path, capsys):
   """FZOO and LOZO by their hz names (on the synthetic set the methods of 0.4 have no
   measured default lr: outside --smoke the example asks for --lr) beside first-order Adam,
-  on LoRA of two layers with a cosine schedule; the saved run re-summarised."""
+  on LoRA of two layers with a cosine schedule, 3 steps each; the saved run re-summarised."""
   out = run_example("finetune_minilm.py", "--mode", "lora", "--optimizer", "fzoo,lozo,adam",
                     "--lr", "1e-3", "--layers", "1,2", "--schedule", "cosine",
-                    "--out", str(tmp_path))
+                    "--steps", "3", "--out", str(tmp_path))
   assert "synthetic set" in out and "(cosine)" in out
   assert "| fzoo |" in out and "| lozo |" in out and "| adam |" in out
   assert "head_init=zero" in out  # the synthetic set keeps the zero head (minilm.md's runs)
-  res = check_outputs(str(tmp_path), ["fzoo", "lozo", "adam"])
+  res = check_outputs(str(tmp_path), ["fzoo", "lozo", "adam"], steps=3)
   # --layers 1,2: the LoRA A and B of query/value in two layers, and the 384x2 head
   assert res["runs"]["fzoo"][0]["trainable_params"] == 2 * 2 * 2 * 384 * 8 + 384 * 2 + 2
   # the state's counter, step by step: an FZOO step (8 probes) executes nine forward
   # passes; Adam (backprop) has no count and no Hessian
-  assert res["runs"]["fzoo"][0]["forward_passes"] == [9 * k for k in range(1, 7)]
+  assert res["runs"]["fzoo"][0]["forward_passes"] == [9, 18, 27]
   assert res["runs"]["adam"][0]["forward_passes"] is None
   assert res["runs"]["adam"][0]["hessian"] is None
   # re-summarise the saved run at other loss levels (no training, so in this process): FZOO
@@ -82,7 +83,7 @@ def test_finetune_minilm_runs_the_new_methods_by_name_and_adam(tmp_path, capsys)
   table = capsys.readouterr().out
   assert "| fzoo | 9 (1/1: 9) | never (0/1: -) |" in table, table
   assert "| adam | 1 steps (1/1: 1) | never (0/1: -) |" in table, table
-  assert "54 (9 a step)" in table and "6 steps (a forward and a backward pass each)" in table
+  assert "27 (9 a step)" in table and "3 steps (a forward and a backward pass each)" in table
 
 
 @pytest.mark.parametrize("args, message", [
@@ -105,7 +106,9 @@ def test_finetune_minilm_matches_optimizers_by_forward_passes_and_resumes_the_co
   """--forward-passes 12: HiZOO (3 passes a step) runs 4 steps, MeZO (2) 6; the counts are
   the state's, step by step, and a run resumed from its step-3 checkpoint continues them
   (and its losses) bit for bit. HiZOO on LoRA of every layer at its default rate: its
-  Hessian estimate is reported and positive."""
+  Hessian estimate is reported and positive. The resumed process runs HiZOO alone (its
+  state holds the Hessian as well as the counter); MeZO's resume from step 3 with its pass
+  counts: test_finetune_minilm_resumes_old_checkpoints_and_runs_of_other_lengths."""
   common = ("--mode", "lora", "--optimizer", "hizoo,mezo", "--forward-passes", "12")
   a, b = tmp_path / "a", tmp_path / "b"
   out = run_example("finetune_minilm.py", *common, "--out", str(a), "--ckpt-dir",
@@ -119,14 +122,16 @@ def test_finetune_minilm_matches_optimizers_by_forward_passes_and_resumes_the_co
   # LoRA rank 8 on query/value of 6 layers + the 384x2 linear head
   assert first["hizoo"][0]["trainable_params"] == 6 * 2 * 2 * 384 * 8 + 384 * 2 + 2
   assert first["hizoo"][0]["hessian"]["min"] > 0 and first["mezo"][0]["hessian"] is None
-  shutil.rmtree(tmp_path / "ckpt" / "mezo_seed0" / "6")  # MeZO resumes at 3 as well
-  out = run_example("finetune_minilm.py", *common, "--out", str(b), "--ckpt-dir",
+  # checkpoints every 3 steps and at the last: drop HiZOO's last, so it resumes at 3
+  assert sorted(os.listdir(tmp_path / "ckpt" / "hizoo_seed0")) == ["3", "4"]
+  shutil.rmtree(tmp_path / "ckpt" / "hizoo_seed0" / "4")
+  out = run_example("finetune_minilm.py", "--mode", "lora", "--optimizer", "hizoo",
+                    "--forward-passes", "12", "--out", str(b), "--ckpt-dir",
                     str(tmp_path / "ckpt"), "--resume")
-  assert out.count("resumed from") == 2 and out.count("at step 3") == 2
-  again = results(str(b))["runs"]
-  for name in ("hizoo", "mezo"):
-    assert again[name][0]["forward_passes"] == first[name][0]["forward_passes"]
-    assert again[name][0]["losses"] == first[name][0]["losses"]
+  assert out.count("resumed from") == 1 and out.count("at step 3") == 1
+  (again,) = results(str(b))["runs"]["hizoo"]
+  assert again["forward_passes"] == first["hizoo"][0]["forward_passes"]
+  assert again["losses"] == first["hizoo"][0]["losses"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -143,14 +148,16 @@ def test_finetune_minilm_forward_pass_budget_refuses(args, message, capsys):
 
 def test_finetune_minilm_passes_per_step_is_the_methods_count():
   """What --forward-passes divides by: each optimizer's own counter (HiZOO measures the
-  centre and two sides, FZOO with 8 probes the centre and 8 one-sided points)."""
+  centre and two sides, as HiZOO-L does, FZOO with 8 probes the centre and 8 one-sided
+  points)."""
   example = load_example("finetune_minilm")
 
   def cost(name):
     return example.passes_per_step(example.make_optimizer(name, 1e-3, mu=1e-3, alpha=1e-3,
                                                           seed=0))
 
-  assert [cost(n) for n in ("hizoo", "mezo", "fzoo", "zo_adam")] == [3.0, 2.0, 9.0, 2.0]
+  assert [cost(n) for n in ("hizoo", "hizoo_l", "mezo", "fzoo", "zo_adam")] == [
+      3.0, 3.0, 2.0, 9.0, 2.0]
   with pytest.raises(ValueError, match="not a zeroth-order optimizer"):
     cost("adam")
 
@@ -170,12 +177,13 @@ def test_finetune_minilm_prefix_prompt_on_accuracy(tmp_path):
 
 @pytest.mark.slow
 def test_finetune_lm_full_fine_tuning_and_bit_for_bit_resume_in_a_new_process(tmp_path):
-  """Full fine-tuning with HiZOO and HiZOO-L, checkpoints at steps 3 and 6; drop 6, resume
-  from 3 in a fresh process: the same losses, evals and Hessians. (The smoke LM's dims are
-  below HiZOO-L's min_dim_size_to_factor, so its Hessians stay dense here; the factored
-  state's resume is tested in-process in test_models_peft.py.)"""
+  """Full fine-tuning with HiZOO, checkpoints at steps 3 and 6; drop 6, resume from 3 in a
+  fresh process: the same losses, evals and Hessian. (HiZOO-L would keep dense Hessians
+  here, the smoke LM's dims being below its min_dim_size_to_factor; the factored state's
+  resume is tested in-process in test_models_peft.py; the example's
+  HiZOO-L by name: test_finetune_minilm_passes_per_step_is_the_methods_count.)"""
   a, b, ckpt = tmp_path / "a", tmp_path / "b", tmp_path / "ckpt"
-  names = ["hizoo", "hizoo_l"]
+  names = ["hizoo"]
   common = ["--mode", "ft", "--optimizer", ",".join(names), "--save-every", "3",
             "--ckpt-dir", str(ckpt)]
   run_example("finetune_lm.py", *common, "--out", str(a))
@@ -183,7 +191,7 @@ def test_finetune_lm_full_fine_tuning_and_bit_for_bit_resume_in_a_new_process(tm
     assert sorted(os.listdir(ckpt / f"{name}_seed0")) == ["3", "6"]
     shutil.rmtree(ckpt / f"{name}_seed0" / "6")
   out = run_example("finetune_lm.py", *common, "--out", str(b), "--resume")
-  assert out.count("resumed from") == 2 and "at step 3" in out
+  assert out.count("resumed from") == 1 and "at step 3" in out
   ra, rb = check_outputs(str(a), names), check_outputs(str(b), names)
   for name in names:
     (x,), (y,) = ra["runs"][name], rb["runs"][name]
@@ -225,12 +233,12 @@ SST2 = os.path.join(ROOT, "..", "shared", "data", "sst2")
 def test_finetune_minilm_k_shot_sst2_from_a_linear_probe(tmp_path):
   """--data SST-2 --k-shot 16: the head starts as a linear probe (l2 picked on the k-shot
   validation split), so the first training losses are well below chance's ln 2; the LoRA
-  learning rate is the SST-2 study's."""
-  out = run_example("finetune_minilm.py", "--data", SST2, "--k-shot", "16", "--out",
-                    str(tmp_path))  # no --optimizer: MeZO, the default
+  learning rate is the SST-2 study's. Two steps show both."""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--k-shot", "16", "--steps", "2",
+                    "--out", str(tmp_path))  # no --optimizer: MeZO, the default
   assert "16 per class by seed" in out and "head_init=lp" in out
   assert "linear-probe head, l2=" in out
-  res = check_outputs(str(tmp_path), ["mezo"])
+  res = check_outputs(str(tmp_path), ["mezo"], steps=2)
   (run,) = res["runs"]["mezo"]
   assert run["probe"]["l2"] in (1e-4, 1e-3, 1e-2, 1e-1)
   assert run["lr"] == 5e-4  # the SST-2 study's MeZO LoRA lr (SST2_LR), the default with --data
@@ -412,16 +420,18 @@ def test_finetune_minilm_data_default_is_fzoo_on_layers_1_to_3(tmp_path):
   """--data alone: full fine-tuning of layers 1-3 and the head (5,324,162 of MiniLM's
   scalars) with FZOO, 8 probes (9 forward passes a step), at the measured 5.62e-4; all of
   train.tsv less a validation split held out by seed (here --smoke's 16 sentences: 3 held
-  out), the probe's l2 picked on it. (The SST-2 LoRA rates: the k-shot test and
-  test_finetune_minilm_default_lr_follows_the_budget.)"""
-  out = run_example("finetune_minilm.py", "--data", SST2, "--out", str(tmp_path))
+  out), the probe's l2 picked on it. ``--steps 2`` only shortens the run (the default
+  length: test_finetune_minilm_default_steps_are_the_measured_setting). (The SST-2 LoRA
+  rates: the k-shot test and test_finetune_minilm_default_lr_follows_the_budget.)"""
+  out = run_example("finetune_minilm.py", "--data", SST2, "--steps", "2", "--out",
+                    str(tmp_path))
   assert "all of train less 3 held out by seed for validation" in out
   assert "mode=ft layers=1,2,3" in out and "head_init=lp" in out
   assert "fzoo seed 0: lr=0.000562 (constant) mu=0.001 num_directions=8," in out
   assert "5,324,162 trainable params" in out
-  res = check_outputs(str(tmp_path), ["fzoo"])
+  res = check_outputs(str(tmp_path), ["fzoo"], steps=2)
   (run,) = res["runs"]["fzoo"]
-  assert run["forward_passes"] == [9 * k for k in range(1, 7)]
+  assert run["forward_passes"] == [9, 18]
   assert run["lr"] == 5.62e-4 and "val_accuracy" in run["probe"]
 
 
@@ -559,18 +569,20 @@ def test_finetune_minilm_plot_says_the_window_it_averaged(tmp_path, monkeypatch)
 @pytest.mark.skipif(not os.path.isfile(os.path.join(SST2, "train.tsv")),
                     reason="needs GLUE SST-2 at ../shared/data/sst2 next to the repo")
 def test_finetune_minilm_compares_new_methods_at_their_measured_settings(tmp_path):
-  """One call, several methods each at its own rate: FZOO by --lr, ZO-Muon at its measured
+  """One call, several methods each at its own rate: MeZO by --lr, ZO-Muon at its measured
   setting (1e-2, rank 16, 4 probes); neither prints HiZOO's alpha. (A zero head: the linear
-  probe is the default-run and k-shot tests'.)"""
+  probe is the default-run and k-shot tests'; FZOO's measured options printed: the
+  default-run test.)"""
   out = run_example("finetune_minilm.py", "--data", SST2, "--mode", "ft", "--layers", "5",
-                    "--optimizer", "fzoo,zo_muon", "--lr", "fzoo=1e-3", "--head-init", "zero",
-                    "--out", str(tmp_path), timeout=1800)
+                    "--optimizer", "mezo,zo_muon", "--lr", "mezo=1e-3", "--head-init", "zero",
+                    "--steps", "2", "--out", str(tmp_path), timeout=1800)
   assert "head_init=zero" in out
-  assert "fzoo seed 0: lr=0.001 (constant) mu=0.001 num_directions=8," in out
+  assert "mezo seed 0: lr=0.001 (constant) mu=0.001, " in out
   assert ("zo_muon seed 0: lr=0.01 (constant) mu=0.001 rank=16 num_directions=4 layout=torch,"
           in out)
   assert "alpha=" not in out
-  res = check_outputs(str(tmp_path), ["fzoo", "zo_muon"])
+  res = check_outputs(str(tmp_path), ["mezo", "zo_muon"], steps=2)
+  assert res["runs"]["mezo"][0]["lr"] == 1e-3
   assert res["runs"]["zo_muon"][0]["lr"] == 1e-2
   assert res["runs"]["zo_muon"][0]["options"] == {"rank": 16, "num_directions": 4,
                                                  "layout": "torch"}

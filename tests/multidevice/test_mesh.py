@@ -149,12 +149,12 @@ def elementwise_loss(p, x, y):
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_fsdp_noise_is_drawn_per_shard_and_memory_is_one_eighth(name):
-  """The default step with 1024-wide layers, on one device and FSDP on 8 (compiled, not
-  run): per device, the sharded program holds the single-device figure over 8, bar what
+  """The default step with two 512 x 512 layers, on one device and FSDP on 8 (compiled,
+  not run): per device, the sharded program holds the single-device figure over 8, bar what
   is replicated. Its passes form no array of a sharded leaf's full shape, and exchange
   nothing but the losses and the factored Hessian's own sums."""
   mesh = Mesh(np.array(jax.devices()), ("fsdp",))
-  big = [16, 1024, 1024, 1024, 8]
+  big = [16, 512, 512, 8]  # every leaf's first dim divisible by 8: all of them sharded
   tx = OPTIMIZERS[name]()
   p1 = mlp(big)
   s1 = tx.init(p1)
@@ -174,12 +174,13 @@ def test_fsdp_noise_is_drawn_per_shard_and_memory_is_one_eighth(name):
   assert ratio > 6.0, ratio  # 8 minus what is replicated (biases, scalars, keys)
   text = sharded.as_text()
   # the losses (scalars); HiZOO-L: also its factored state's reductions across the row
-  # shards, sum(row) (a scalar) and the column sums (q floats): never noise or params.
+  # shards, sum(row) (a scalar) and the column sums (at most 512 floats): never noise or
+  # params.
   sizes = [n for _, n in collective_sizes(text)]
   assert sizes
-  assert all(n <= (1024 if name == "hizoo_l" else 1) for n in sizes), sizes
-  assert "[1024,1024]" not in text  # never the full leaf on one device
-  assert "[128,1024]" in text  # each device works on its [128, 1024] shard
+  assert all(n <= (512 if name == "hizoo_l" else 1) for n in sizes), sizes
+  assert "[512,512]" not in text  # never the full leaf on one device
+  assert "[64,512]" in text  # each device works on its [64, 512] shard
 
 
 def test_two_dimensional_mesh_data_and_fsdp(single_device):
@@ -196,10 +197,11 @@ def gathering_loss_fn(p, x, y):
   return loss_fn(jax.tree.map(lambda w: jax.sharding.reshard(w, P()), p), x, y)
 
 
-# HiZOO-L (the state whose update failed on Explicit axes: a carry without the mesh, a
-# select of a sharded block with an unsharded mask) on every layout, the three meeting
-# both engines; on FSDP with several row blocks per leaf. (Every optimizer with both
-# engines on data-parallel and FSDP meshes with Auto axes: the tests above.)
+# HiZOO-L (the state whose factored update carries its row and column sums through a loop
+# and selects within sharded blocks, both of which must carry the mesh's Explicit axes) on
+# every layout, the three meeting both engines; on FSDP with several row blocks per leaf.
+# (Every optimizer with both engines on data-parallel and FSDP meshes with Auto axes: the
+# tests above.)
 EXPLICIT_AXES_CASES = [
     pytest.param(name, mode, lean, id=f"{name}-{mode}-{lean}")
     for name, mode, lean in [("hizoo_l", "data_parallel", "lean"), ("hizoo_l", "fsdp", "lean"),
@@ -208,11 +210,12 @@ EXPLICIT_AXES_CASES = [
 
 @pytest.mark.parametrize("name,mode,lean", EXPLICIT_AXES_CASES)
 def test_explicit_axes_mesh_equals_one_device(name, mode, lean, single_device, monkeypatch):
-  """``jax.make_mesh`` builds Explicit axes (shardings in the types). HiZOO-L's factored
-  update used to fail there even with replicated params (a carry without the mesh, a
-  select of a sharded block with an unsharded mask). On FSDP its blocked row sums run
-  several blocks per leaf (16 on the 256 x 256 leaf), against the single-device step's
-  one block."""
+  """``jax.make_mesh`` builds Explicit axes (shardings in the types), under which every
+  intermediate of a step must carry a sharding consistent with the mesh: HiZOO-L's
+  factored update (a loop carry, a select of a sharded block with a mask) traces, compiles
+  and matches one device with replicated params, FSDP-sharded ones and both axes. On FSDP
+  its blocked row sums run several blocks per leaf (16 on the 256 x 256 leaf), against the
+  single-device step's one block."""
   if mode == "fsdp":
     from hizoo_jax._src import curvature
 
