@@ -228,5 +228,9 @@ def test_llm_guide_and_readme_give_the_default_runs_records():
   assert rows["cross-entropy (0.600 zero-shot)"] == [f"{c:.3f}" for c in ce] + [
       f"{np.mean(ce):.3f}"]
   assert {f"{r['zero_shot']['ce']:.3f}" for r in default} == {"0.600"}
+  # the default command run whole, alone on 2 cores: the resumed row's seed 0, bit for bit
+  alone = saved_run("llm_sst2_mezo_lora_lr1e-3_350passes_alone_2cores/seed0")["runs"]["mezo"][0]
+  assert alone["losses"] == default[0]["losses"] and alone["final"] == default[0]["final"]
+  assert alone["wall_s"] < 30 * 60
   readme = _read("README.md")
   assert f"from {100 * zero:.1f}% zero-shot to **{100 * mean:.1f}% ± {100 * sd:.1f}**" in readme
