@@ -165,3 +165,51 @@ def test_prefix_needs_a_decoder_position():
   with pytest.raises(ValueError, match="prefix_ids needs position='last'"):
     heads.LabelWordClassifier(tiny_model(), [3, 4], position="mask", mask_token_id=5,
                               prefix_ids=[1, 2])
+
+
+@pytest.mark.parametrize("mode", ["ft", "lora"])
+def test_a_frozen_bottom_runs_once_and_the_top_gives_the_same_loss(mode):
+  """``start_layer=L``: the rows' residual stream entering layer L computed once
+  (``clf.inputs``), the loss of the params of layers L.. on it equals the whole forward's,
+  at the params and at moved params (the prefix's keys and values above L follow them),
+  to float64 rounding."""
+  tokenize = data.byte_tokenize
+  tpl = prompt.chat(CHATML, INSTRUCTION, ("n", "p"))
+  ids, mask = tpl.encode(tokenize, SENTENCES)
+  labels = jnp.asarray([1, 0, 0, 1])
+  top = peft.trainable_filter(mode, layers=[1])
+  losses = []
+  for start in (0, 1):
+    model = tiny_model()
+    if mode == "lora":
+      peft.apply_lora(model, rank=2, alpha=4.0, rngs=nnx.Rngs(1))
+    clf = prompt.classifier(model, tokenize, tpl, start_layer=start)
+    rows = jnp.asarray(ids)
+    inputs = clf.inputs(rows, jnp.asarray(mask))
+    if start:
+      assert inputs.shape == (*ids.shape, model.config.hidden_size)
+    else:
+      assert inputs is rows
+    graphdef, params, frozen = peft.split_trainable(clf, top)
+    assert not any("layers" in p and 0 in p for p, _ in nnx.to_flat_state(params))
+    loss_fn = jax.jit(peft.make_loss_fn(
+        graphdef, lambda m, i, am, y: heads.cross_entropy(m(i, am), y)))
+    moved = jax.tree.map(lambda p: p + 0.05, params)
+    losses.append([float(loss_fn(p, frozen, inputs, jnp.asarray(mask), labels))
+                   for p in (params, moved)])
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-11)
+  assert abs(losses[0][1] - losses[0][0]) > 1e-3
+
+
+def test_start_layer_rejects_what_it_cannot_run():
+  model = tiny_model()
+  with pytest.raises(ValueError, match="start_layer > 0 needs a decoder LM"):
+    heads.LabelWordClassifier(model, [3, 4], position="mask", mask_token_id=5, start_layer=1)
+  with pytest.raises(ValueError, match="needs share_prefix=True"):
+    heads.LabelWordClassifier(model, [3, 4], position="last", prefix_ids=[1, 2],
+                              share_prefix=False, start_layer=1)
+  with pytest.raises(ValueError, match=r"layer must be in \[0, 2\], got 3"):
+    heads.LabelWordClassifier(model, [3, 4], position="last", prefix_ids=[1, 2],
+                              start_layer=3)
+  with pytest.raises(ValueError, match="needs hidden"):
+    model.layer_key_values(jnp.ones((1, 3), jnp.int32), layer=1)

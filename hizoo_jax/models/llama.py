@@ -253,31 +253,68 @@ class LlamaForCausalLM(nnx.Module):
         continue them at positions ``P .. P + tokens - 1`` and attend to all ``P``. A
         prompt prefix that every row shares is computed once this way.
     """
-    return self._forward(input_ids, attention_mask, past=past_key_values)[0]
+    return self.forward_from(self.embed_tokens(input_ids), attention_mask, past_key_values)
 
-  def layer_key_values(self, input_ids: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
+  def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
+                    past_key_values: list[tuple[jax.Array, jax.Array]] | None = None, *,
+                    layer: int) -> jax.Array:
+    """The residual stream entering layer ``layer`` (0: the embeddings), ``[batch, tokens,
+    hidden]``; ``past_key_values`` as in ``__call__``, for layers ``0 .. layer - 1``.
+
+    With the layers below ``layer`` frozen this is a constant of each example: compute it
+    once and train on :meth:`forward_from` (``heads.LabelWordClassifier(start_layer=...)``).
+    """
+    self._check_layer(layer)
+    x = self.embed_tokens(input_ids)
+    return self._run(x, attention_mask, past_key_values, 0, layer)[0]
+
+  def forward_from(self, hidden: jax.Array, attention_mask: jax.Array | None = None,
+                   past_key_values: list[tuple[jax.Array, jax.Array]] | None = None, *,
+                   layer: int = 0) -> jax.Array:
+    """``__call__`` from the residual stream ``hidden`` entering layer ``layer`` (as
+    :meth:`hidden_states` returns it): the layers from ``layer`` on, then the final norm.
+    ``past_key_values`` holds one entry per layer from ``layer`` on."""
+    self._check_layer(layer)
+    x, _ = self._run(hidden, attention_mask, past_key_values, layer, len(self.layers))
+    return self.norm(x)
+
+  def layer_key_values(self, input_ids: jax.Array | None = None, *, hidden: jax.Array | None = None,
+                       layer: int = 0) -> list[tuple[jax.Array, jax.Array]]:
     """Each layer's (rotated) keys and values ``[batch, tokens, kv_heads, head_dim]`` for
     ``input_ids`` (no padding): prefix-tuning init, or a shared prompt prefix to pass as
-    ``past_key_values``."""
-    return self._forward(input_ids, None, collect_kv=True)[1]
+    ``past_key_values``. From the residual stream ``hidden`` entering layer ``layer``
+    instead of ``input_ids``: the layers from ``layer`` on only."""
+    if (input_ids is None) == (hidden is None):
+      raise ValueError("pass input_ids or hidden (the residual stream entering `layer`)")
+    self._check_layer(layer)
+    if hidden is None:
+      if layer:
+        raise ValueError("layer > 0 needs hidden, the residual stream entering it")
+      hidden = self.embed_tokens(input_ids)
+    return self._run(hidden, None, None, layer, len(self.layers), collect_kv=True)[1]
 
-  def _forward(self, input_ids, attention_mask, collect_kv=False, past=None):
-    length = input_ids.shape[-1]
+  def _check_layer(self, layer: int) -> None:
+    if not 0 <= layer <= len(self.layers):
+      raise ValueError(f"layer must be in [0, {len(self.layers)}], got {layer}")
+
+  def _run(self, x, attention_mask, past, start, stop, collect_kv=False):
+    """Layers ``start .. stop - 1`` over the residual stream ``x``; ``(x, kvs)``."""
+    length = x.shape[-2]
     if attention_mask is None:
-      attention_mask = jnp.ones(input_ids.shape, jnp.int32)
-    if past is not None and len(past) != len(self.layers):
-      raise ValueError(f"past_key_values has {len(past)} layers, the model {len(self.layers)}")
-    x = self.embed_tokens(input_ids)
+      attention_mask = jnp.ones(x.shape[:-1], jnp.int32)
+    if past is not None and len(past) != stop - start:
+      raise ValueError(f"past_key_values has {len(past)} layers, the run {stop - start} "
+                       f"(layers {start} .. {stop - 1})")
     cos, sin = self._rope(length, jnp.float32, offset=0 if past is None else past[0][0].shape[1])
     causal = jnp.tril(jnp.ones((length, length), bool))
     allowed = causal[None, None] & attention_mask[:, None, None, :].astype(bool)
     bias = mask_bias(allowed, jnp.float32)
     kvs = []
-    for i, layer in enumerate(self.layers):
+    for i, layer in enumerate(self.layers[start:stop]):
       if collect_kv:
         kvs.append(layer.self_attn.project_kv(layer.input_norm(x), cos, sin))
       x = layer(x, cos, sin, bias, None if past is None else past[i])
-    return self.norm(x), kvs
+    return x, kvs
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """Vocabulary logits ``[..., vocab]`` of hidden states ``[..., hidden]``."""

@@ -171,10 +171,11 @@ def chat(chat_template: str, instruction: str, label_words: Sequence[str], *,
 
 
 def classifier(model, tokenize: Tokenize, template: Template, *,
-               share_prefix: bool = True) -> heads.LabelWordClassifier:
+               share_prefix: bool = True, start_layer: int = 0) -> heads.LabelWordClassifier:
   """A :class:`~hizoo_jax.models.heads.LabelWordClassifier` of ``model`` (a decoder LM
   with ``word_logits``) for ``template``: scored at each row's last real token, the
-  template's head as its shared prefix. Feed it :meth:`Template.encode`'s rows."""
+  template's head as its shared prefix. Feed it :meth:`Template.encode`'s rows (through
+  its ``inputs`` when ``start_layer > 0``: only the layers from there on are run)."""
   return heads.LabelWordClassifier(model, template.label_ids(tokenize), position="last",
                                    prefix_ids=template.prefix_ids(tokenize),
-                                   share_prefix=share_prefix)
+                                   share_prefix=share_prefix, start_layer=start_layer)
