@@ -54,6 +54,8 @@ def run_key(a: argparse.Namespace, lr: float) -> str:
            f"b{a.batch_size}"]
   if a.mu is not None:
     parts.append(f"mu{a.mu:g}")
+  if a.arm.startswith("hizoo"):
+    parts.append(f"alpha{a.alpha:g}")
   if a.rows == "sentences":
     parts.append("ws")  # drawn from whole sentences (records without it: from every row)
   if a.start_layer:

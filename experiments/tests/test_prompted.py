@@ -99,3 +99,28 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
   assert p["seeds"] == [0, 1, 2] and np.isclose(p["mean"], np.mean([-0.0, -0.02, -0.04]))
   assert p["lo"] <= p["mean"] <= p["hi"]
   assert "fzoo" in report.markdown(list(rows.values()), 400)
+  # passes to tuned MeZO's CE at 400 (0.5, 0.51, 0.52 by seed)
+  assert rows["fzoo"]["reach"]["passes"] == {0: 200.0, 1: 200.0, 2: 100.0}
+  assert rows["mezo"]["reach"]["passes"][0] == 400.0
+
+
+def test_run_keys_name_every_setting_that_changes_the_run():
+  """Two runs that differ in any setting have different keys (a key names its checkpoint
+  directory and its record)."""
+  import argparse
+  import itertools
+
+  sys.path.insert(0, os.path.join(ROOT, "examples"))
+  sys.path.insert(0, os.path.join(ROOT, "experiments", "prompted"))
+  import run
+
+  base = dict(arm="hizoo", mode="lora", k=16, seed=0, schedule="constant", steps=100,
+              batch_size=16, mu=None, rows="sentences", start_layer=0, options={}, alpha=1e-6)
+  changes = dict(arm="hizoo_l", mode="ft", k=512, seed=1, schedule="cosine", steps=50,
+                 batch_size=32, mu=1e-3, rows="all", start_layer=24, options={"rank": 16},
+                 alpha=1e-8)
+  keys = {run.run_key(argparse.Namespace(**base), lr) for lr in (1e-3, 3e-3)}
+  for name, value in changes.items():
+    keys.add(run.run_key(argparse.Namespace(**{**base, name: value}), 1e-3))
+  assert len(keys) == 2 + len(changes)
+  assert len(set(itertools.chain(base, changes))) == len(base)
