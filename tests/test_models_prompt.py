@@ -202,14 +202,29 @@ def test_a_frozen_bottom_runs_once_and_the_top_gives_the_same_loss(mode):
 
 
 def test_start_layer_rejects_what_it_cannot_run():
+  """Bad layers, ids where the residual stream goes, and a split that trains what the
+  classifier read once (the layers below its start, the embeddings) each raise, naming the
+  fix."""
   model = tiny_model()
   with pytest.raises(ValueError, match="start_layer > 0 needs a decoder LM"):
     heads.LabelWordClassifier(model, [3, 4], position="mask", mask_token_id=5, start_layer=1)
   with pytest.raises(ValueError, match="needs share_prefix=True"):
     heads.LabelWordClassifier(model, [3, 4], position="last", prefix_ids=[1, 2],
                               share_prefix=False, start_layer=1)
-  with pytest.raises(ValueError, match=r"layer must be in \[0, 2\], got 3"):
-    heads.LabelWordClassifier(model, [3, 4], position="last", prefix_ids=[1, 2],
-                              start_layer=3)
+  for bad in (2, 3, -1):  # two layers: 0 or 1
+    with pytest.raises(ValueError, match=rf"start_layer must be in \[0, 1\].*got {bad}"):
+      heads.LabelWordClassifier(model, [3, 4], position="last", start_layer=bad)
   with pytest.raises(ValueError, match="needs hidden"):
     model.layer_key_values(jnp.ones((1, 3), jnp.int32), layer=1)
+  clf = heads.LabelWordClassifier(model, [3, 4], position="last", prefix_ids=[1, 2],
+                                  start_layer=1)
+  ids, mask = jnp.ones((2, 5), jnp.int32), jnp.ones((2, 5), jnp.int32)
+  with pytest.raises(TypeError, match=r"takes clf.inputs\(ids, mask\).*not token ids"):
+    clf(ids, mask)
+  assert clf(clf.inputs(ids, mask), mask).shape == (2, 2)
+  for wrt in ("ft", peft.trainable_filter("ft", layers=[0, 1])):
+    with pytest.raises(ValueError, match=r"trainable, but the classifier runs from layer 1.*"
+                                         r"layers=range\(1, num_layers\)"):
+      peft.split_trainable(clf, wrt)
+  _, params, _ = peft.split_trainable(clf, peft.trainable_filter("ft", layers=[1]))
+  assert all("layers" in p and 1 in p for p, _ in nnx.to_flat_state(params))

@@ -1,5 +1,5 @@
 """The prompted-SmolLM2 table (PROTOCOL.md) from its runs: each arm tuned at budgets B and
-B/2 on the tuning seeds, compared with tuned MeZO on every seed it ran.
+B/2 on the tuning seeds, compared with tuned MeZO on the confirming seeds.
 
     python -m experiments.prompted.report [--budget 400] [--start-layer 24] [--figure F]
 
@@ -7,9 +7,9 @@ A run's value at a budget ``b`` is its validation cross-entropy at its last eval
 within ``b`` forward passes. A constant-rate run serves every budget it reaches (its
 trajectory does not depend on its length); a scheduled run serves only the budget it was
 scheduled for (its last evaluation, within 5% of ``b``). An arm's configuration at ``b`` is
-the one with the lowest mean over the tuning seeds; the comparisons then use every seed the
-chosen configurations share, paired by seed, with a bootstrap interval of the mean paired
-difference.
+the one with the lowest mean over the tuning seeds; the comparisons then use the seeds the
+chosen configurations share beyond those, paired by seed, with bootstrap and Student-t
+intervals of the mean paired difference (the tuning seeds' differences are kept apart).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ def config(r: dict) -> tuple:
   sched = r["schedule"] if r["schedule"] == "constant" else f"{r['schedule']}/T{r['steps']}"
   opts = tuple(sorted((r.get("options") or {}).items()))
   alpha = r["alpha"] if r["arm"].startswith("hizoo") else None
-  return (r["arm"], sched, r["lr"], r["mu"], alpha, opts)
+  return (r["arm"], sched, r["lr"], r["mu"], alpha, opts, r["mode"])
 
 
 def label(c: tuple) -> str:
-  arm, sched, lr, mu, alpha, opts = c
+  arm, sched, lr, mu, alpha, opts, _ = c
   parts = [arm, f"lr {lr:g}", sched.split("/")[0]]
   if alpha is not None:
     parts.append(f"α {alpha:g}")
@@ -57,16 +57,21 @@ def curve(r: dict) -> list[dict]:
 
 
 def value_at(r: dict, budget: float) -> float | None:
-  """Validation CE of run ``r`` at ``budget`` passes, or None if it does not serve it."""
-  points = [c for c in curve(r) if c["passes"] <= budget]
-  if not points:
-    return None
-  last = points[-1]
-  final = points[-1]["passes"] if r["schedule"] != "constant" else curve(r)[-1]["passes"]
+  """Validation CE of run ``r`` at ``budget`` passes, or None if it does not serve it: a
+  constant-rate run's last evaluation within the budget, if that is at least 95% of it; a
+  scheduled run's final evaluation, if the schedule ended within 5% of the budget. A
+  non-finite CE (a diverged run) counts as infinite."""
+  points = curve(r)
   if r["schedule"] == "constant":
-    return last["ce"] if final >= 0.95 * budget else None
-  scheduled_end = len(points) == len(r["curve"])
-  return last["ce"] if abs(final - budget) <= 0.05 * budget and scheduled_end else None
+    within = [c for c in points if c["passes"] <= budget]
+    last = within[-1] if within else None
+    if last is None or last["passes"] < 0.95 * budget:
+      return None
+  else:
+    last = points[-1]
+    if abs(last["passes"] - budget) > 0.05 * budget:
+      return None
+  return float(last["ce"]) if np.isfinite(last["ce"]) else float("inf")
 
 
 def select(records: Iterable[dict], **where) -> list[dict]:
@@ -87,8 +92,8 @@ def tune(records: Iterable[dict], budget: float, seeds: Sequence[int] = TUNING_S
          ) -> tuple[tuple, float] | None:
   """The configuration with the lowest mean CE at ``budget`` over ``seeds`` (those that ran
   on every tuning seed), and that mean; None if none did."""
-  scores = {c: np.mean([v[s] for s in seeds]) for c, v in by_config(records, budget).items()
-            if all(s in v for s in seeds)}
+  scores = {c: float(np.mean([v[s] for s in seeds]))
+            for c, v in by_config(records, budget).items() if all(s in v for s in seeds)}
   if not scores:
     return None
   best = min(scores, key=scores.get)
@@ -112,14 +117,29 @@ def bootstrap(diffs: Sequence[float], n: int = 10_000, seed: int = 0) -> tuple[f
   return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
-def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
-  """Mean of ``a - b`` over their shared seeds, its bootstrap interval, the seeds."""
-  seeds = sorted(set(a) & set(b))
+def t_interval(diffs: Sequence[float]) -> tuple[float, float]:
+  """95% Student-t interval of the mean of ``diffs`` (wider than the bootstrap's at a few
+  seeds, where resampling them understates the spread)."""
+  from scipy import stats
+
+  d = np.asarray(diffs, np.float64)
+  half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+  return float(d.mean() - half), float(d.mean() + half)
+
+
+def paired(a: dict[int, float], b: dict[int, float],
+           exclude: Sequence[int] = TUNING_SEEDS) -> dict | None:
+  """Mean of ``a - b`` over their shared seeds less ``exclude`` (the seeds the choice was
+  made on), its bootstrap and t intervals, and the differences by seed."""
+  seeds = sorted((set(a) & set(b)) - set(exclude))
   if not seeds:
     return None
   d = [a[s] - b[s] for s in seeds]
-  lo, hi = bootstrap(d) if len(d) > 1 else (float("nan"), float("nan"))
-  return {"mean": float(np.mean(d)), "lo": lo, "hi": hi, "seeds": seeds}
+  nan = (float("nan"), float("nan"))
+  lo, hi = bootstrap(d) if len(d) > 1 else nan
+  t_lo, t_hi = t_interval(d) if len(d) > 1 else nan
+  return {"mean": float(np.mean(d)), "lo": lo, "hi": hi, "t_lo": t_lo, "t_hi": t_hi,
+          "seeds": seeds, "diffs": d}
 
 
 def reach(records: Iterable[dict], target: dict[int, float]) -> dict[tuple, dict[int, float]]:
@@ -150,7 +170,8 @@ def summary(records: Sequence[dict], budget: float) -> list[dict]:
       values = by_config(runs, b)[best[0]]
       row[name] = {"config": best[0], "label": label(best[0]), "tuning_mean": best[1],
                    "interior": interior(runs, best[0], b), "values": values,
-                   "vs_mezo_B": paired(values, ref)}
+                   "vs_mezo_B": paired(values, ref),
+                   "vs_mezo_B_tuning": paired(values, ref, exclude=())}
     # passes to tuned MeZO's CE at B, of the configuration that gets there first (median
     # over the tuning seeds), whatever its own budget
     hits = {c: v for c, v in reach(runs, ref).items() if all(s in v for s in TUNING_SEEDS)}
@@ -164,8 +185,8 @@ def summary(records: Sequence[dict], budget: float) -> list[dict]:
 def markdown(rows: Sequence[dict], budget: float) -> str:
   """The summary as a Markdown table."""
   lines = [f"| arm | tuned at B = {budget:g} passes | CE at B | tuned at B/2 | CE at B/2 | "
-           "B/2 minus MeZO at B (95% interval, seeds) | passes to MeZO's CE at B |",
-           "|---|---|---|---|---|---|---|"]
+           "B/2 minus MeZO at B, confirming seeds (bootstrap; t 95%) | "
+           "passes to MeZO's CE at B |", "|---|---|---|---|---|---|---|"]
   for row in rows:
     cells = [row["arm"]]
     for name in ("B", "B/2"):
@@ -178,7 +199,9 @@ def markdown(rows: Sequence[dict], budget: float) -> str:
                 f"{np.mean(list(r['values'].values())):.4f} ({len(r['values'])} seeds)"]
     p = row.get("B/2", {}).get("vs_mezo_B")
     cells.append("" if p is None else
-                 f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] ({len(p['seeds'])})")
+                 f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}; {p['t_lo']:+.4f}, "
+                 f"{p['t_hi']:+.4f}] (seeds {', '.join(map(str, p['seeds']))}: "
+                 f"{', '.join(f'{x:+.4f}' for x in p['diffs'])})")
     hit = row.get("reach")
     cells.append("" if hit is None else ", ".join(
         f"{v:g}" for _, v in sorted(hit["passes"].items())) + f" ({hit['label']})")

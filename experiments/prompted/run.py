@@ -18,9 +18,11 @@ restarts where it stopped::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
+import tempfile
 import time
 
 import jax
@@ -81,10 +83,11 @@ def splits(directory: str, k: int, seed: int, tokenize, tpl, pad, rows: str = "s
 def layer_inputs(graphdef, params, frozen, ids, mask, cache: str | None,
                  batch_size: int = 32) -> np.ndarray:
   """The classifier's ``inputs`` of every row (the residual stream entering its start
-  layer, zero past each row's end), in batches cut to their longest row; kept in ``cache``
-  (an ``.npy`` path) when given."""
+  layer; zero past each batch's width), in batches cut to their longest row; kept in
+  ``cache`` (an ``.npz`` of their bytes and their dtype's name) when given."""
   if cache and os.path.exists(cache):
-    return np.load(cache)
+    with np.load(cache) as f:
+      return f["data"].view(jax.numpy.dtype(str(f["dtype"])))
   fn = jax.jit(lambda p, f, i, m: nnx.merge(graphdef, p, f).inputs(i, m))
   out = None
   order = np.argsort(mask.sum(1), kind="stable")
@@ -97,20 +100,38 @@ def layer_inputs(graphdef, params, frozen, ids, mask, cache: str | None,
     out[b, :w] = h
   if cache:
     os.makedirs(os.path.dirname(cache), exist_ok=True)
-    np.save(cache + ".tmp.npy", out)
-    os.replace(cache + ".tmp.npy", cache)
+    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=os.path.dirname(cache))
+    with os.fdopen(fd, "wb") as fh:  # a queue's other run may be writing the same file
+      np.savez(fh, data=out.view(f"u{out.dtype.itemsize}"), dtype=np.array(out.dtype.name))
+    os.replace(tmp, cache)
   return out
 
 
-def cache_path(a: argparse.Namespace, name: str, ids: np.ndarray) -> str | None:
-  """Where one split's layer inputs are kept: by model file, start layer and the rows."""
+def model_identity(path: str) -> str:
+  """What names a model's weights: a file's size and mtime, or a checkpoint directory's
+  files' names, sizes and mtimes."""
+  files = [path] if os.path.isfile(path) else sorted(
+      os.path.join(path, f) for f in os.listdir(path))
+  return repr([(os.path.basename(f), os.path.getsize(f), os.stat(f).st_mtime_ns)
+               for f in files])
+
+
+CACHE_FORMAT = 2
+
+
+def cache_path(a: argparse.Namespace, name: str, clf_prefix: tuple[int, ...], ids: np.ndarray,
+               mask: np.ndarray) -> str | None:
+  """Where one split's layer inputs are kept: named by everything they are computed from
+  (the model's weights, the start layer, the shared prefix, the rows)."""
   if not a.start_layer:
     return None
-  import hashlib
-
-  h = hashlib.sha256(ids.tobytes() + str((os.path.basename(a.model), os.path.getsize(a.model),
-                                          a.start_layer, ids.shape)).encode()).hexdigest()
-  return os.path.join(a.cache_dir, f"{name}-from{a.start_layer}-{h[:16]}.npy")
+  h = hashlib.sha256()
+  for part in (CACHE_FORMAT, model_identity(a.model), a.mode, a.start_layer, clf_prefix,
+               ids.shape):
+    h.update(repr(part).encode())
+  h.update(np.ascontiguousarray(ids).tobytes())
+  h.update(np.ascontiguousarray(mask).tobytes())
+  return os.path.join(a.cache_dir, f"{name}-from{a.start_layer}-{h.hexdigest()[:16]}.npz")
 
 
 def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
@@ -120,13 +141,15 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
     peft.apply_lora(model, rank=8, alpha=16.0, rngs=nnx.Rngs(a.seed))
   layers = model.config.num_hidden_layers
   clf = prompt.classifier(model, tokenize, tpl, share_prefix=True, start_layer=a.start_layer)
+  prefix = clf.prefix_ids
   top = range(a.start_layer, layers) if a.start_layer else None
   graphdef, params, frozen = peft.split_trainable(clf, peft.trainable_filter(a.mode, top))
   del clf, model
   train, val, test = splits(a.data, a.k, a.seed, tokenize, tpl, pad, a.rows)
   if a.start_layer:  # the frozen layers' outputs, once per row
     t0 = time.perf_counter()
-    train, val = ((layer_inputs(graphdef, params, frozen, i, m, cache_path(a, n, i)), m, y)
+    train, val = ((layer_inputs(graphdef, params, frozen, i, m,
+                                cache_path(a, n, prefix, i, m)), m, y)
                   for n, (i, m, y) in (("train", train), ("val", val)))
     print(f"{key}: layer inputs in {time.perf_counter() - t0:.0f} s", flush=True)
   evaluate = ex.make_evaluate(graphdef)
@@ -143,12 +166,18 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   curve: list[dict] = []
   where = os.path.join(a.ckpt_dir, key)
   start, ckpt = 0, checkpoint.Checkpointer(where, max_to_keep=1)
-  tree = {"params": params, "opt_state": opt_state, "losses": losses}
   if ckpt.latest_step() is not None:
+    # the saved run may be of another length (a constant rate's trajectory is the same)
+    n = ckpt.shapes()["losses"].shape[0]
+    tree = {"params": params, "opt_state": opt_state,
+            "losses": np.full((n,), np.nan, np.float32)}
     restored = ckpt.restore(tree)
     params, opt_state = restored["params"], restored["opt_state"]
-    losses = np.asarray(restored["losses"]).copy()
     start = int(ckpt.latest_step())
+    if start > a.steps or (n != a.steps and a.schedule != "constant"):
+      raise ValueError(f"{where} holds step {start} of a {n}-step run: it resumes that run, "
+                       f"or a constant-rate run of at least {start} steps")
+    losses[:start] = np.asarray(restored["losses"])[:start]
     with open(os.path.join(where, "curve.json")) as fh:
       curve = [c for c in json.load(fh) if c["step"] <= start]
     print(f"{key}: resumed at step {start}", flush=True)
@@ -191,7 +220,8 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   if a.test:
     if a.start_layer:
       ids, m, y = test
-      test = (layer_inputs(graphdef, params, frozen, ids, m, cache_path(a, "test", ids)), m, y)
+      test = (layer_inputs(graphdef, params, frozen, ids, m,
+                           cache_path(a, "test", prefix, ids, m)), m, y)
     record["test"] = evaluate(params, frozen, *test)
     print(f"{key}: test {record['test']}", flush=True)
   return record
@@ -231,6 +261,9 @@ def main(argv=None) -> None:
   a.model = a.model or llama.smollm2_gguf_path()
   if a.arm not in shared.OPTIMIZERS:
     p.error(f"unknown --arm {a.arm!r}")
+  if a.options and a.arm not in shared.NEW_METHODS:
+    p.error(f"--options are keywords of {', '.join(shared.NEW_METHODS)}; {a.arm} takes none "
+            "(--alpha and --mu are its settings)")
   done = {r["key"] for r in table.read(a.table)} if os.path.exists(a.table) else set()
   for lr in shared.parse_list(a.lr, float):
     key = run_key(a, lr)

@@ -39,7 +39,18 @@ run.main(a)
 c = common + ["--table", os.path.join(tmp, "c.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "cc"),
               "--start-layer", "1", "--cache-dir", os.path.join(tmp, "cache"), "--test"]
 run.main(c)
-out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in ("a", "b", "c")}}
+d = common + ["--table", os.path.join(tmp, "d.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "cd"),
+              "--start-layer", "1", "--cache-dir", os.path.join(tmp, "cache"), "--test"]
+run.main(d)  # the same run again: its layer inputs read from the cache
+# a constant-rate run of 8 steps resumed from the 6-step run's last checkpoint, and whole
+import shutil
+longer = [x if x != "6" else "8" for x in common]
+key = "mezo-lora-k4-s0-lr0.03-constant-T{{}}-b4"
+shutil.copytree(os.path.join(tmp, "ca", key.format(6)), os.path.join(tmp, "ce", key.format(8)))
+for name in "ef":
+  run.main(longer + ["--table", os.path.join(tmp, name + ".jsonl.gz"),
+                     "--ckpt-dir", os.path.join(tmp, "c" + name)])
+out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in "abcdef"}}
 out["cache"] = sorted(os.listdir(os.path.join(tmp, "cache")))
 json.dump(out, open(os.path.join(tmp, "out.json"), "w"))
 """
@@ -53,6 +64,7 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert proc.stdout.count("resumed at step 3") == 1, proc.stdout[-3000:]
+  assert proc.stdout.count("resumed at step 6") == 1, proc.stdout[-3000:]
   assert proc.stdout.count("skipped") == 1, proc.stdout[-3000:]
   out = json.loads((tmp_path / "out.json").read_text())
   a, b = out["a"], out["b"]
@@ -70,43 +82,58 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
   assert abs(c["curve"][0]["ce"] - a[0]["curve"][0]["ce"]) < 1e-5 * a[0]["curve"][0]["ce"]
   assert c["curve"][-1]["ce"] != c["curve"][0]["ce"] and set(c["test"]) == {"accuracy", "ce"}
   assert [name.split("-")[0] for name in out["cache"]] == ["test", "train", "val"]
+  (d,) = out["d"]
+  assert d["curve"] == c["curve"] and d["test"] == c["test"] and d["losses"] == c["losses"]
+  # a longer constant-rate run from a shorter one's checkpoint: the whole run's losses
+  (e,), (f,) = out["e"], out["f"]
+  assert e["losses"] == f["losses"] and e["losses"][:6] == a[0]["losses"]
+  assert e["curve"][-1] == f["curve"][-1]
 
 
 def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
   """Constant-rate runs serve every budget they reach, scheduled runs only their own; the
-  configuration is chosen by the tuning seeds' mean; differences are paired by seed."""
+  configuration is chosen by the tuning seeds' mean (a diverged run never wins); the
+  comparison with MeZO pairs the other seeds."""
   import numpy as np
 
   from experiments.prompted import report
 
-  def run(arm, lr, seed, ces, schedule="constant", steps=4):
-    curve = [{"step": i, "passes": 100 * i, "ce": c} for i, c in enumerate(ces)]
+  def run(arm, lr, seed, ces, schedule="constant", steps=4, every=100):
+    curve = [{"step": i, "passes": every * i, "ce": c} for i, c in enumerate(ces)]
     return {"arm": arm, "lr": lr, "seed": seed, "schedule": schedule, "steps": steps,
-            "mu": 1e-2, "alpha": None, "options": {}, "curve": curve}
+            "mu": 1e-2, "alpha": None, "options": {}, "mode": "lora", "curve": curve}
 
-  records = [run("mezo", 1e-3, s, [0.6, 0.59, 0.58, 0.57, 0.56]) for s in range(3)]
-  records += [run("mezo", 3e-3, s, [0.6, 0.55, 0.54, 0.53, 0.5 + 0.01 * s]) for s in range(3)]
-  records += [run("mezo", 1e-2, s, [0.6, 0.7, 0.8, 0.9, 1.0]) for s in range(2)]
-  records += [run("fzoo", 3e-3, s, [0.6, 0.52, 0.5 - 0.01 * s], "cosine", 2) for s in range(3)]
-  best, mean = report.tune(report.select(records, arm="mezo"), 400)
+  seeds = range(4)
+  records = [run("mezo", 1e-3, s, [0.6, 0.59, 0.58, 0.57, 0.56]) for s in seeds]
+  records += [run("mezo", 3e-3, s, [0.6, 0.55, 0.54, 0.53, 0.5 + 0.01 * s]) for s in seeds]
+  records += [run("mezo", 1e-2, s, [0.6, 0.7, float("nan"), float("nan"), float("nan")])
+              for s in range(2)]
+  records += [run("fzoo", 3e-3, s, [0.6, 0.52, 0.5 - 0.01 * s], "cosine", 2) for s in seeds]
+  mezo = report.select(records, arm="mezo")
+  best, mean = report.tune(mezo, 400)
   assert best[:3] == ("mezo", "constant", 3e-3) and np.isclose(mean, 0.505)
-  assert report.interior(report.select(records, arm="mezo"), best, 400)
-  assert report.tune(report.select(records, arm="mezo"), 100)[0][2] == 3e-3
-  # the cosine run of 200 passes serves 200 only
-  assert report.tune(report.select(records, arm="fzoo"), 400) is None
+  assert report.interior(mezo, best, 400)
+  assert report.tune(mezo, 100)[0][2] == 3e-3
+  assert report.value_at(records[-1], 400) is None  # the 200-pass cosine run serves 200
+  assert report.value_at(run("fzoo", 1, 0, [0.6, 0.5], "cosine", every=201), 200) == 0.5
+  assert report.value_at(run("mezo", 1, 0, [0.6, 0.5, 0.4], every=150), 400) is None
+  assert report.value_at(records[8], 300) == float("inf")  # diverged: never the best
   rows = {r["arm"]: r for r in report.summary(records, 400)}
-  p = rows["fzoo"]["B/2"]["vs_mezo_B"]
-  assert p["seeds"] == [0, 1, 2] and np.isclose(p["mean"], np.mean([-0.0, -0.02, -0.04]))
-  assert p["lo"] <= p["mean"] <= p["hi"]
-  assert "fzoo" in report.markdown(list(rows.values()), 400)
-  # passes to tuned MeZO's CE at 400 (0.5, 0.51, 0.52 by seed)
-  assert rows["fzoo"]["reach"]["passes"] == {0: 200.0, 1: 200.0, 2: 100.0}
+  p = rows["fzoo"]["B/2"]["vs_mezo_B"]  # seeds 2, 3: 0.48 - 0.52, 0.47 - 0.53
+  assert p["seeds"] == [2, 3] and np.allclose(p["diffs"], [-0.04, -0.06])
+  assert p["t_lo"] < p["lo"] <= p["mean"] <= p["hi"] < p["t_hi"]
+  assert rows["fzoo"]["B/2"]["vs_mezo_B_tuning"]["seeds"] == [0, 1, 2, 3]
+  table = report.markdown(list(rows.values()), 400)
+  assert "fzoo" in table and "-0.0400, -0.0600" in table
+  # passes to tuned MeZO's CE at 400 (0.50, 0.51, 0.52, 0.53 by seed)
+  assert rows["fzoo"]["reach"]["passes"] == {0: 200.0, 1: 200.0, 2: 100.0, 3: 100.0}
   assert rows["mezo"]["reach"]["passes"][0] == 400.0
 
 
 def test_run_keys_name_every_setting_that_changes_the_run():
-  """Two runs that differ in any setting have different keys (a key names its checkpoint
-  directory and its record)."""
+  """Two runs that differ in any of run.py's settings of the method, data draw, schedule or
+  parameter set have different keys (a key names its checkpoint directory and its record;
+  the model and the data files are the table's)."""
   import argparse
   import itertools
 
@@ -117,10 +144,14 @@ def test_run_keys_name_every_setting_that_changes_the_run():
   base = dict(arm="hizoo", mode="lora", k=16, seed=0, schedule="constant", steps=100,
               batch_size=16, mu=None, rows="sentences", start_layer=0, options={}, alpha=1e-6)
   changes = dict(arm="hizoo_l", mode="ft", k=512, seed=1, schedule="cosine", steps=50,
-                 batch_size=32, mu=1e-3, rows="all", start_layer=24, options={"rank": 16},
-                 alpha=1e-8)
+                 batch_size=32, mu=1e-3, rows="all", start_layer=24, alpha=1e-8)
   keys = {run.run_key(argparse.Namespace(**base), lr) for lr in (1e-3, 3e-3)}
   for name, value in changes.items():
     keys.add(run.run_key(argparse.Namespace(**{**base, name: value}), 1e-3))
-  assert len(keys) == 2 + len(changes)
+  fzoo = dict(base, arm="fzoo")  # options: the new methods' keywords
+  keys |= {run.run_key(argparse.Namespace(**dict(fzoo, options=o)), 1e-3)
+           for o in ({}, {"num_directions": 4}, {"num_directions": 16})}
+  assert len(keys) == 2 + len(changes) + 3
+  with pytest.raises(SystemExit):  # HiZOO takes no --options
+    run.main(["--arm", "hizoo", "--lr", "1e-3", "--steps", "1", "--options", '{"rank": 2}'])
   assert len(set(itertools.chain(base, changes))) == len(base)

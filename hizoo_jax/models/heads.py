@@ -110,9 +110,11 @@ class LabelWordClassifier(nnx.Module):
       ``hidden_states``/``forward_from``): the rows' residual stream entering layer ``L`` is
       then a constant of each example, computed once by :meth:`inputs`, and the classifier
       is called on it (``clf(clf.inputs(ids, mask), mask)`` equals ``clf(ids, mask)`` at
-      ``start_layer=0``). The prefix's residual stream is computed here, from the backbone
-      as it is now, and held as a :class:`FrozenActivation`: train none of the layers below
-      ``L`` (``peft.trainable_filter(mode, layers=range(L, n))``).
+      ``start_layer=0``). The prefix's residual stream entering ``L`` and its keys and
+      values below ``L`` are computed here, from the backbone as it is now, and held as
+      :class:`FrozenActivation` variables: the layers below ``L`` and the embeddings must not
+      change after (train with ``peft.trainable_filter(mode, layers=range(L, n))``;
+      ``peft.split_trainable`` refuses a split that trains them).
   """
 
   def __init__(self, backbone: nnx.Module, label_token_ids: Sequence[int], *,
@@ -138,17 +140,25 @@ class LabelWordClassifier(nnx.Module):
     self.share_prefix = bool(share_prefix)
     self.start_layer = int(start_layer)
     self.prefix_hidden: FrozenActivation | None = nnx.data(None)
+    self.prefix_past: tuple[FrozenActivation, FrozenActivation] | None = nnx.data(None)
     if self.start_layer:
       if position != "last" or not hasattr(backbone, "forward_from"):
         raise ValueError("start_layer > 0 needs a decoder LM with hidden_states and "
                          "forward_from, scored at position='last'")
+      num_layers = len(backbone.layers)
+      if not 0 < self.start_layer < num_layers:
+        raise ValueError(f"start_layer must be in [0, {num_layers - 1}] (the model's "
+                         f"{num_layers} layers, one at least trained), got {start_layer}")
       if len(prefix_ids) and not share_prefix:
         raise ValueError("start_layer > 0 needs share_prefix=True (the rows' residual stream "
                          "is computed after the shared prefix)")
       if len(prefix_ids):
         ids = jnp.asarray(self.prefix_ids, jnp.int32)[None]
-        self.prefix_hidden = FrozenActivation(
-            backbone.hidden_states(ids, layer=self.start_layer))
+        hidden, kvs = backbone.hidden_states(ids, layer=self.start_layer,
+                                             return_key_values=True)
+        self.prefix_hidden = FrozenActivation(hidden)
+        self.prefix_past = nnx.data((FrozenActivation(jnp.stack([k for k, _ in kvs])),
+                                     FrozenActivation(jnp.stack([v for _, v in kvs]))))
 
   def positions(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
     """The scored position of each row."""
@@ -163,9 +173,9 @@ class LabelWordClassifier(nnx.Module):
     if not self.start_layer:
       return input_ids
     past = None
-    if self.prefix_ids:
-      ids = jnp.asarray(self.prefix_ids, jnp.int32)[None]
-      past = self.backbone.layer_key_values(ids)[:self.start_layer]
+    if self.prefix_past is not None:
+      keys, values = (a[...] for a in self.prefix_past)
+      past = list(zip(keys, values, strict=True))
     return self.backbone.hidden_states(input_ids, attention_mask, past, layer=self.start_layer)
 
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
@@ -173,6 +183,10 @@ class LabelWordClassifier(nnx.Module):
     for the label words only. With ``start_layer > 0``, ``input_ids`` is :meth:`inputs`'s
     residual stream."""
     if self.start_layer:
+      if input_ids.ndim != 3 or not jnp.issubdtype(input_ids.dtype, jnp.floating):
+        raise TypeError(f"a classifier with start_layer={self.start_layer} takes "
+                        "clf.inputs(ids, mask), the residual stream [batch, tokens, hidden], "
+                        f"not token ids (got {input_ids.dtype}{list(input_ids.shape)})")
       past = None
       if self.prefix_hidden is not None:  # recomputed in the loss: the layers above move
         past = self.backbone.layer_key_values(hidden=self.prefix_hidden[...],

@@ -257,16 +257,20 @@ class LlamaForCausalLM(nnx.Module):
 
   def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                     past_key_values: list[tuple[jax.Array, jax.Array]] | None = None, *,
-                    layer: int) -> jax.Array:
+                    layer: int, return_key_values: bool = False) -> Any:
     """The residual stream entering layer ``layer`` (0: the embeddings), ``[batch, tokens,
-    hidden]``; ``past_key_values`` as in ``__call__``, for layers ``0 .. layer - 1``.
+    hidden]``; ``past_key_values`` as in ``__call__``, for layers ``0 .. layer - 1``. With
+    ``return_key_values``, also those layers' keys and values of ``input_ids`` (as
+    :meth:`layer_key_values`): ``(hidden, key_values)``.
 
     With the layers below ``layer`` frozen this is a constant of each example: compute it
     once and train on :meth:`forward_from` (``heads.LabelWordClassifier(start_layer=...)``).
     """
     self._check_layer(layer)
     x = self.embed_tokens(input_ids)
-    return self._run(x, attention_mask, past_key_values, 0, layer)[0]
+    hidden, kvs = self._run(x, attention_mask, past_key_values, 0, layer,
+                            collect_kv=return_key_values)
+    return (hidden, kvs) if return_key_values else hidden
 
   def forward_from(self, hidden: jax.Array, attention_mask: jax.Array | None = None,
                    past_key_values: list[tuple[jax.Array, jax.Array]] | None = None, *,
@@ -305,6 +309,7 @@ class LlamaForCausalLM(nnx.Module):
     if past is not None and len(past) != stop - start:
       raise ValueError(f"past_key_values has {len(past)} layers, the run {stop - start} "
                        f"(layers {start} .. {stop - 1})")
+    past = past or None  # no layers to run: nothing to continue
     cos, sin = self._rope(length, jnp.float32, offset=0 if past is None else past[0][0].shape[1])
     causal = jnp.tril(jnp.ones((length, length), bool))
     allowed = causal[None, None] & attention_mask[:, None, None, :].astype(bool)

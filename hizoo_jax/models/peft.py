@@ -28,7 +28,7 @@ from flax import nnx
 
 from hizoo_jax.models._adapter import engine_step
 from hizoo_jax.models._layers import PrefixKV, PrefixParam
-from hizoo_jax.models.heads import HeadParam
+from hizoo_jax.models.heads import HeadParam, LabelWordClassifier
 
 MODES = ("ft", "lora", "prefix")
 
@@ -178,7 +178,29 @@ def split_trainable(model: nnx.Module, mode_or_filter: Any) -> tuple[nnx.GraphDe
   if not jax.tree.leaves(trainable):
     raise ValueError(f"the model has no params matching {mode_or_filter!r} (apply_lora or "
                      "add_prefix first?)")
+  _check_frozen_below(model, trainable)
   return graphdef, nnx.as_pure(trainable), nnx.as_pure(frozen)
+
+
+def _check_frozen_below(model: nnx.Module, trainable: Any) -> None:
+  """A classifier run from layer ``L`` (``LabelWordClassifier(start_layer=L)``) reads the
+  layers below ``L`` and the embeddings once, when its inputs are computed: training them
+  would change nothing the loss sees, or (tied embeddings) only its head."""
+  starts = {tuple(path): m.start_layer for path, m in nnx.iter_modules(model)
+            if isinstance(m, LabelWordClassifier) and m.start_layer}
+  if not starts:
+    return
+  for path, _ in nnx.to_flat_state(trainable):
+    for at, start in starts.items():
+      rest = tuple(path[len(at):]) if tuple(path[:len(at)]) == at else ()
+      below = (rest[:2] == ("backbone", "layers") and isinstance(rest[2], int)
+               and rest[2] < start) if len(rest) > 2 else False
+      if below or rest[:2] == ("backbone", "embed_tokens"):
+        raise ValueError(
+            f"{'/'.join(map(str, path))} is trainable, but the classifier runs from layer "
+            f"{start}: its layers below and the embeddings are read once, by its inputs. "
+            f"Train only the layers from {start} on: "
+            f"peft.trainable_filter(mode, layers=range({start}, num_layers))")
 
 
 def merge(graphdef: nnx.GraphDef, trainable: Any, frozen: Any) -> nnx.Module:
