@@ -149,7 +149,9 @@ def reach(records: Iterable[dict], target: dict[int, float]) -> dict[tuple, dict
   for r in records:
     if r["seed"] in target:
       hit = [c["passes"] for c in curve(r) if c["ce"] <= target[r["seed"]]]
-      out[config(r)][r["seed"]] = float(hit[0]) if hit else float("inf")
+      first = float(hit[0]) if hit else float("inf")
+      # runs of one configuration and seed of different lengths share a trajectory
+      out[config(r)][r["seed"]] = min(first, out[config(r)].get(r["seed"], float("inf")))
   return out
 
 

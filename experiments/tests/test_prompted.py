@@ -109,6 +109,7 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
   records += [run("mezo", 1e-2, s, [0.6, 0.7, float("nan"), float("nan"), float("nan")])
               for s in range(2)]
   records += [run("fzoo", 3e-3, s, [0.6, 0.52, 0.5 - 0.01 * s], "cosine", 2) for s in seeds]
+  records.append(run("mezo", 3e-3, 0, [0.6, 0.55], steps=1))  # shorter, read last
   mezo = report.select(records, arm="mezo")
   best, mean = report.tune(mezo, 400)
   assert best[:3] == ("mezo", "constant", 3e-3) and np.isclose(mean, 0.505)
