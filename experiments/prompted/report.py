@@ -211,6 +211,23 @@ def markdown(rows: Sequence[dict], budget: float) -> str:
   return "\n".join(lines)
 
 
+def runs(records: Sequence[dict], budget: float, parts: int = 4) -> str:
+  """Every run's validation CE (accuracy) at ``budget * i / parts`` passes, a Markdown table
+  (the table's progress, before every configuration has its tuning seeds)."""
+  marks = [budget * (i + 1) / parts for i in range(parts)]
+  lines = ["| run | seed | " + " | ".join(f"{m:g}" for m in marks) + " |",
+           "|---|---|" + "---|" * parts]
+  for r in sorted(records, key=lambda r: (label(config(r)), r["seed"])):
+    cells = []
+    for m in marks:
+      at = [c for c in curve(r) if 0.95 * m <= c["passes"] <= m]
+      cells.append(f"{at[-1]['ce']:.4f} ({at[-1]['accuracy']:.3f})" if at else "")
+    if any(cells):
+      name = f"{label(config(r))}, {r['steps']} steps"
+      lines.append(f"| {name} | {r['seed']} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--table", default=TABLE)
@@ -218,11 +235,15 @@ def main(argv=None) -> None:
   p.add_argument("--start-layer", type=int, default=0)
   p.add_argument("--k", type=int, default=16)
   p.add_argument("--batch-size", type=int, default=16)
+  p.add_argument("--runs", action="store_true", help="also every run at B/4, B/2, 3B/4, B")
   a = p.parse_args(argv)
   records = [r for r in table.read(a.table)
              if r.get("start_layer", 0) == a.start_layer and r["k"] == a.k
              and r.get("rows") == "sentences" and r["batch_size"] == a.batch_size]
   print(markdown(summary(records, a.budget), a.budget))
+  if a.runs:
+    print()
+    print(runs(records, a.budget))
 
 
 if __name__ == "__main__":

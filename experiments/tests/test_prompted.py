@@ -129,6 +129,13 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
   # passes to tuned MeZO's CE at 400 (0.50, 0.51, 0.52, 0.53 by seed)
   assert rows["fzoo"]["reach"]["passes"] == {0: 200.0, 1: 200.0, 2: 100.0, 3: 100.0}
   assert rows["mezo"]["reach"]["passes"][0] == 400.0
+  for r in records:
+    for c in r["curve"]:
+      c.setdefault("accuracy", 0.5)
+  listing = report.runs(records, 400).splitlines()
+  assert listing[0] == "| run | seed | 100 | 200 | 300 | 400 |"
+  assert "| mezo, lr 0.003, constant, 4 steps | 2 | 0.5500 (0.500) | 0.5400 (0.500) | 0.5300 " \
+         "(0.500) | 0.5200 (0.500) |" in listing
 
 
 def test_run_keys_name_every_setting_that_changes_the_run():
