@@ -258,12 +258,12 @@ def main(argv=None) -> None:
   p.add_argument("--stop-after", type=int, default=None,
                  help="leave the run after this many steps (its checkpoint resumes it)")
   a = p.parse_args(argv)
-  a.model = a.model or llama.smollm2_gguf_path()
   if a.arm not in shared.OPTIMIZERS:
     p.error(f"unknown --arm {a.arm!r}")
   if a.options and a.arm not in shared.NEW_METHODS:
     p.error(f"--options are keywords of {', '.join(shared.NEW_METHODS)}; {a.arm} takes none "
             "(--alpha and --mu are its settings)")
+  a.model = a.model or llama.smollm2_gguf_path()
   done = {r["key"] for r in table.read(a.table)} if os.path.exists(a.table) else set()
   for lr in shared.parse_list(a.lr, float):
     key = run_key(a, lr)
