@@ -134,6 +134,12 @@ def cache_path(a: argparse.Namespace, name: str, clf_prefix: tuple[int, ...], id
   return os.path.join(a.cache_dir, f"{name}-from{a.start_layer}-{h.hexdigest()[:16]}.npz")
 
 
+def diverged(curve: list[dict], factor: float) -> bool:
+  """Whether the last evaluation's CE is above ``factor`` times the start's, or not finite."""
+  ce = curve[-1]["ce"]
+  return len(curve) > 1 and (not np.isfinite(ce) or ce > factor * curve[0]["ce"])
+
+
 def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   model, tokenize, chat, pad = ex.load_model(a.model)
   tpl = ex.make_template("chat", chat)
@@ -205,8 +211,17 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
       ckpt.save(s + 1, {"params": params, "opt_state": opt_state, "losses": losses})
       with open(os.path.join(where, "curve.json"), "w") as fh:
         json.dump(curve, fh)
+      if diverged(curve, a.diverged):
+        break
   ckpt.close()
-  if stop < a.steps:
+  diverged_at = curve[-1]["step"] if diverged(curve, a.diverged) else None
+  if diverged_at is not None:
+    print(f"{key}: diverged at step {diverged_at}, stopped", flush=True)
+    per_step = curve[-1]["passes"] / diverged_at
+    curve += [{"step": t, "passes": round(per_step * t), "ce": float("nan"),
+               "accuracy": float("nan")}
+              for t in range(diverged_at + 1, a.steps + 1) if t % every == 0 or t == a.steps]
+  elif stop < a.steps:
     return {}
   record = {"key": key, "arm": a.arm, "mode": a.mode, "k": a.k, "seed": a.seed, "lr": lr,
             "mu": mu, "alpha": a.alpha if a.arm.startswith("hizoo") else None,
@@ -217,7 +232,9 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
             "commit": git_commit(ROOT), "jax": jax.__version__}
   if a.start_layer:
     record["start_layer"] = a.start_layer
-  if a.test:
+  if diverged_at is not None:
+    record["diverged_at"] = diverged_at
+  if a.test and diverged_at is None:
     if a.start_layer:
       ids, m, y = test
       test = (layer_inputs(graphdef, params, frozen, ids, m,
@@ -255,6 +272,10 @@ def main(argv=None) -> None:
                  help="train the layers from this one on only; the outputs of the layers "
                       "below are computed once per row (kept in --cache-dir)")
   p.add_argument("--cache-dir", default=os.path.join(HERE, "cache"))
+  p.add_argument("--diverged", type=float, default=1.5,
+                 help="stop a run whose validation CE rises above this multiple of its start "
+                      "(a constant rate that leaves the start this far does not come back "
+                      "within the budget); its later evaluations are recorded as NaN")
   p.add_argument("--stop-after", type=int, default=None,
                  help="leave the run after this many steps (its checkpoint resumes it)")
   a = p.parse_args(argv)

@@ -50,7 +50,11 @@ shutil.copytree(os.path.join(tmp, "ca", key.format(6)), os.path.join(tmp, "ce", 
 for name in "ef":
   run.main(longer + ["--table", os.path.join(tmp, name + ".jsonl.gz"),
                      "--ckpt-dir", os.path.join(tmp, "c" + name)])
-out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in "abcdef"}}
+# a run held to a bound it cannot keep: stopped at its first evaluation, the rest recorded
+# as diverged (the tiny model's CE does not rise at any rate, so the bound is below 1)
+run.main(common + ["--diverged", "0.5", "--evals", "3", "--table", os.path.join(tmp, "g.jsonl.gz"),
+                   "--ckpt-dir", os.path.join(tmp, "cg")])
+out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in "abcdefg"}}
 out["cache"] = sorted(os.listdir(os.path.join(tmp, "cache")))
 json.dump(out, open(os.path.join(tmp, "out.json"), "w"))
 """
@@ -58,6 +62,8 @@ json.dump(out, open(os.path.join(tmp, "out.json"), "w"))
 
 def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
   import json
+
+  import numpy as np
 
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, "-c", DRIVER.format(root=ROOT, tmp=str(tmp_path))],
@@ -88,6 +94,14 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
   (e,), (f,) = out["e"], out["f"]
   assert e["losses"] == f["losses"] and e["losses"][:6] == a[0]["losses"]
   assert e["curve"][-1] == f["curve"][-1]
+  # diverged: two steps run, the evaluations after them recorded as NaN
+  (g,) = out["g"]
+  assert g["diverged_at"] == 2 and "diverged at step 2, stopped" in proc.stdout
+  assert [c["step"] for c in g["curve"]] == [0, 2, 4, 6]
+  assert [c["passes"] for c in g["curve"]] == [0, 4, 8, 12]
+  ce = [c["ce"] for c in g["curve"]]
+  assert ce[1] > 0.5 * ce[0] and all(np.isnan(ce[2:]))
+  assert np.isnan(g["losses"][2:]).all() and np.isfinite(g["losses"][:2]).all()
 
 
 def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
