@@ -27,6 +27,7 @@ CHOOSING = (
 )
 SST2 = ("sst2_loss.png", "sst2_long.png")  # docs/results/sst2.md, from experiments/sst2
 MINILM = "minilm_loss_curve.png"  # docs/results/minilm.md, the example's saved run
+PROMPTED = "prompted_lora_k16.png"  # docs/results/prompted.md, experiments/prompted
 
 
 def choosing_name(name: str, baseline: str, task: str) -> str:
@@ -34,7 +35,7 @@ def choosing_name(name: str, baseline: str, task: str) -> str:
 
 
 def files() -> list[str]:
-  return [*(choosing_name(n, b, t) for n, b, t, _ in CHOOSING), *SST2, MINILM]
+  return [*(choosing_name(n, b, t) for n, b, t, _ in CHOOSING), *SST2, MINILM, PROMPTED]
 
 
 def _example(name: str):
@@ -73,6 +74,9 @@ def main(argv=None) -> None:
   ex = _example("finetune_minilm")
   ex.plot(saved["results"]["runs"], saved["results"]["args"]["window"],
           os.path.join(a.out, MINILM), "MiniLM-L6 + LoRA on the SST-2 subset: HiZOO against MeZO")
+  from experiments.prompted import report as prompted
+
+  prompted.figure(prompted.read(), os.path.join(a.out, PROMPTED), budget=400)
   for f in files():
     print(os.path.relpath(os.path.join(a.out, f), ROOT))
 

@@ -1,7 +1,10 @@
 """The prompted-SmolLM2 table (PROTOCOL.md) from its runs: each arm tuned at budgets B and
 B/2 on the tuning seeds, compared with tuned MeZO on the confirming seeds.
 
-    python -m experiments.prompted.report [--budget 400] [--start-layer 24] [--figure F]
+    python -m experiments.prompted.report [--budget 400] [--runs] [--figure F] [--page P]
+
+``--page docs/results/prompted.md`` rewrites the page's generated part (between its
+``prompted-table`` markers) and ``--figure`` draws every run's validation curve.
 
 A run's value at a budget ``b`` is its validation cross-entropy at its last evaluation
 within ``b`` forward passes. A constant-rate run serves every budget it reaches (its
@@ -228,6 +231,79 @@ def runs(records: Sequence[dict], budget: float, parts: int = 4) -> str:
   return "\n".join(lines)
 
 
+def figure(records: Sequence[dict], path: str, budget: float) -> None:
+  """Every run's validation CE against forward passes, one panel per tuning seed: one colour
+  per arm, the line style by the run's rate within its arm (solid the highest, dashes
+  shortening below it); the CE axis stops at 1.25 times the start, so a diverging run leaves
+  the top of the panel."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  arms = sorted({r["arm"] for r in records})
+  colours = dict(zip(arms, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+  fig, axes = plt.subplots(1, len(TUNING_SEEDS), figsize=(6 * len(TUNING_SEEDS), 4.5),
+                           sharey=True, squeeze=False)
+  for ax, seed in zip(axes[0], TUNING_SEEDS, strict=True):
+    for arm in arms:
+      runs = select(records, arm=arm, seed=seed)
+      rates = sorted({r["lr"] for r in runs})
+      styles = ([":", "--", "-.", "-"] * len(rates))[-len(rates):]
+      for r in sorted(runs, key=lambda r: (r["lr"], str(r.get("alpha")), -r["steps"])):
+        points = [c for c in curve(r) if c["passes"] <= budget and np.isfinite(c["ce"])]
+        if len(points) < 2:
+          continue
+        ax.plot([c["passes"] for c in points], [c["ce"] for c in points], marker="o", ms=3,
+                color=colours[arm], ls=styles[rates.index(r["lr"])],
+                label=label(config(r)))
+    starts = [r["curve"][0]["ce"] for r in records if r["seed"] == seed and r["curve"]]
+    if starts:
+      ax.set_ylim(top=1.25 * max(starts))
+    ax.set_title(f"seed {seed}")
+    ax.set_xlabel("forward passes (Adam: 3 a step)")
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=7)
+  axes[0][0].set_ylabel("validation cross-entropy")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+BEGIN, END = "<!-- prompted-table -->", "<!-- /prompted-table -->"
+
+
+def page_block(records: Sequence[dict], budget: float) -> str:
+  """The page's generated part: the summary, then every run at B/4 .. B."""
+  n_seeds = len({r["seed"] for r in records})
+  return "\n\n".join([
+      f"{len(records)} runs recorded over {n_seeds} seeds.",
+      markdown(summary(records, budget), budget),
+      "Validation CE (accuracy) of every run evaluated at a quarter of B or a multiple of it:",
+      runs(records, budget)])
+
+
+def write_page(path: str, block: str) -> None:
+  with open(path, encoding="utf-8") as fh:
+    text = fh.read()
+  if BEGIN not in text or END not in text:
+    raise ValueError(f"{path} has no {BEGIN} ... {END} block to rewrite")
+  head, rest = text.split(BEGIN, 1)
+  tail = rest.split(END, 1)[1]
+  with open(path, "w", encoding="utf-8") as fh:
+    fh.write(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+
+
+def read(path: str = TABLE, *, start_layer: int = 0, k: int = 16,
+         batch_size: int = 16) -> list[dict]:
+  """The records of one table: one start layer, k, batch size, whole-sentence rows."""
+  return [r for r in table.read(path)
+          if r.get("start_layer", 0) == start_layer and r["k"] == k
+          and r.get("rows") == "sentences" and r["batch_size"] == batch_size]
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--table", default=TABLE)
@@ -236,14 +312,18 @@ def main(argv=None) -> None:
   p.add_argument("--k", type=int, default=16)
   p.add_argument("--batch-size", type=int, default=16)
   p.add_argument("--runs", action="store_true", help="also every run at B/4, B/2, 3B/4, B")
+  p.add_argument("--figure", help="draw every run's validation curve to this file")
+  p.add_argument("--page", help="rewrite this page's generated part")
   a = p.parse_args(argv)
-  records = [r for r in table.read(a.table)
-             if r.get("start_layer", 0) == a.start_layer and r["k"] == a.k
-             and r.get("rows") == "sentences" and r["batch_size"] == a.batch_size]
+  records = read(a.table, start_layer=a.start_layer, k=a.k, batch_size=a.batch_size)
   print(markdown(summary(records, a.budget), a.budget))
   if a.runs:
     print()
     print(runs(records, a.budget))
+  if a.figure:
+    figure(records, a.figure, a.budget)
+  if a.page:
+    write_page(a.page, page_block(records, a.budget))
 
 
 if __name__ == "__main__":
