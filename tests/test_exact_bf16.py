@@ -104,6 +104,21 @@ def test_bfloat16_default_step_is_the_plain_update_bit_for_bit():
                                                                      out.stderr[-3000:])
 
 
+def test_hizoo_steps_compile_no_rsqrt():
+  """HiZOO's ``H^{-1/2}`` is built from correctly rounded ops (a divide and a square root in
+  the perturbation, multiplies and adds in the update), never XLA's ``rsqrt``, whose CPU code
+  is not the same in every program: so the lean step and the plain update agree to the bit
+  on any CPU, not only on the one the test above ran on."""
+  params = tanh_mlp(SIZES, jnp.bfloat16, 0)
+  for name in ("hizoo", "hizoo_l"):
+    tx = METHODS[name]()
+    for restore in ("auto", "inplace"):
+      step = hz.make_train_step(tx, loss_fn, restore=restore, donate=False)
+      hlo = jax.jit(lambda p, s, x, y, step=step: step(p, s, x, y)).lower(
+          params, tx.init(params), X, Y).compile().as_text()
+      assert " rsqrt(" not in hlo, (name, restore)
+
+
 def test_bfloat16_default_step_does_not_drift():
   """At learning rate 0 the default step leaves bfloat16 params unchanged, every bit, over
   20 steps; the in-place restore moves them by rounding."""

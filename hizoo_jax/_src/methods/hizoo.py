@@ -207,8 +207,7 @@ class HiZOO(m.Method):
     out = []
     for i, (p, h) in enumerate(zip(noise.leaves, h_leaves, strict=True)):
       z = words.noise(noise.sampler, i, p)
-      out.append(m.scale_leaf(step.astype(z.dtype) * z,
-                              curv.strategy_of(h).inv_sqrt(h, self.hessian_clip)))
+      out.append(curv.over_sqrt(step.astype(z.dtype) * z, h, self.hessian_clip))
     return out
 
   def estimate(self, noise, state, hyper, params, measured):
