@@ -304,6 +304,46 @@ def read(path: str = TABLE, *, start_layer: int = 0, k: int = 16,
           and r.get("rows") == "sentences" and r["batch_size"] == batch_size]
 
 
+MEASURED_TASK = "smollm2_prompted_lora"
+MEASURED_WHAT = ("SmolLM2-135M-Instruct prompted on GLUE SST-2 whole sentences (chat template, "
+                 "label words), LoRA rank 8 on every layer's query and value projections, "
+                 "k = 16 per class, batch 16, {budget:g} forward passes, tuned on seeds 0 "
+                 "and 1 (experiments/prompted, docs/results/prompted.md)")
+
+
+def measured_settings(records: Sequence[dict], budget: float) -> dict[str, dict]:
+  """The settings the table selects at B, in ``hizoo_jax/measured.json``'s form: each
+  zeroth-order arm whose configuration was chosen on both tuning seeds at a constant rate
+  with tried rates on both sides of it. Arms still being tuned are left out."""
+  out = {}
+  for row in summary(records, budget):
+    b = row.get("B")
+    if row["arm"] == "adam" or b is None or not b["interior"]:
+      continue
+    arm, sched, lr, mu, alpha, opts, _ = b["config"]
+    if sched != "constant":  # measured.json holds a learning rate, not a schedule
+      continue
+    kw = {"learning_rate": lr, "mu": mu}
+    if alpha is not None:
+      kw["hessian_smoothing"] = alpha
+    out[arm] = {**kw, **dict(opts)}
+  return out
+
+
+def write_measured(path: str, methods: dict[str, dict], budget: float) -> None:
+  """Sets ``measured.json``'s task :data:`MEASURED_TASK` to ``methods`` (the other tasks
+  kept as they are)."""
+  import json
+
+  with open(path, encoding="utf-8") as fh:
+    data = json.load(fh)
+  data["tasks"][MEASURED_TASK] = {"what": MEASURED_WHAT.format(budget=budget),
+                                  "methods": methods}
+  with open(path, "w", encoding="utf-8") as fh:
+    json.dump(data, fh, indent=1)
+    fh.write("\n")
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--table", default=TABLE)
@@ -314,6 +354,8 @@ def main(argv=None) -> None:
   p.add_argument("--runs", action="store_true", help="also every run at B/4, B/2, 3B/4, B")
   p.add_argument("--figure", help="draw every run's validation curve to this file")
   p.add_argument("--page", help="rewrite this page's generated part")
+  p.add_argument("--measured", help=f"write the tuned settings as task {MEASURED_TASK!r} of "
+                 "this measured.json (hizoo_jax/measured.json: hz.presets.measured)")
   a = p.parse_args(argv)
   records = read(a.table, start_layer=a.start_layer, k=a.k, batch_size=a.batch_size)
   print(markdown(summary(records, a.budget), a.budget))
@@ -324,6 +366,12 @@ def main(argv=None) -> None:
     figure(records, a.figure, a.budget)
   if a.page:
     write_page(a.page, page_block(records, a.budget))
+  if a.measured:
+    methods = measured_settings(records, a.budget)
+    if not methods:
+      p.error("no arm is tuned yet (both tuning seeds, a rate tried on each side)")
+    write_measured(a.measured, methods, a.budget)
+    print(f"{a.measured}: {MEASURED_TASK} = {methods}")
 
 
 if __name__ == "__main__":

@@ -143,6 +143,8 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
   # passes to tuned MeZO's CE at 400 (0.50, 0.51, 0.52, 0.53 by seed)
   assert rows["fzoo"]["reach"]["passes"] == {0: 200.0, 1: 200.0, 2: 100.0, 3: 100.0}
   assert rows["mezo"]["reach"]["passes"][0] == 400.0
+  # the settings measured.json gets: MeZO's interior constant rate; FZOO's cosine is not a rate
+  assert report.measured_settings(records, 400) == {"mezo": {"learning_rate": 3e-3, "mu": 1e-2}}
   for r in records:
     for c in r["curve"]:
       c.setdefault("accuracy", 0.5)
@@ -177,3 +179,20 @@ def test_run_keys_name_every_setting_that_changes_the_run():
   with pytest.raises(SystemExit):  # HiZOO takes no --options
     run.main(["--arm", "hizoo", "--lr", "1e-3", "--steps", "1", "--options", '{"rank": 2}'])
   assert len(set(itertools.chain(base, changes))) == len(base)
+
+
+def test_report_writes_its_task_into_a_measured_json_and_keeps_the_others(tmp_path):
+  import json
+  import shutil
+
+  from experiments.prompted import report
+
+  path = tmp_path / "measured.json"
+  shutil.copy(os.path.join(ROOT, "hizoo_jax", "measured.json"), path)
+  before = json.loads(path.read_text())
+  settings = {"mezo": {"learning_rate": 1e-3, "mu": 1e-2},
+              "hizoo": {"learning_rate": 1e-3, "mu": 1e-2, "hessian_smoothing": 1e-6}}
+  report.write_measured(str(path), settings, 400)
+  after = json.loads(path.read_text())
+  task = after["tasks"].pop(report.MEASURED_TASK)
+  assert after == before and task["methods"] == settings and "400 forward passes" in task["what"]
