@@ -88,10 +88,33 @@ DEFAULTS = {"template": "chat", "mode": "lora", "optimizer": "mezo", "k_shot": 1
 DEFAULT_LR = {("ft", "zo"): 1e-5, ("lora", "zo"): 1e-3, ("ft", "adam"): 1e-5,
               ("lora", "adam"): 1e-4}
 DEFAULT_MU = {"ft": 1e-3, "lora": 1e-2}
+# HiZOO's Hessian smoothing where the table has not chosen one: the library's default (on
+# the prompted table's first seed, LoRA, 400 passes: 1e-8 and 1e-6 end level, 1e-4 higher).
+DEFAULT_ALPHA = 1e-8
+# The prompted-SmolLM2 table's task in hz.presets.MEASURED (LoRA, k = 16, batch 16):
+# where it holds the optimizer, its setting is the default.
+MEASURED_TASK = "smollm2_prompted_lora"
 SEARCH_PER_CLASS = 100  # validation sentences per class for --search-templates
 SMOKE_CHAT = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
               "message['content'] + '<|im_end|>\\n'}}{% endfor %}"
               "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def default_setting(optimizer: str, mode: str, measured=None) -> dict:
+  """``lr``, ``mu``, ``alpha`` and ``options`` the example uses where the command line gives
+  none: the prompted table's tuned setting (``hz.presets.MEASURED[MEASURED_TASK]``) for
+  LoRA where it holds the optimizer, else the pilot's rates (``DEFAULT_LR``)."""
+  import hizoo_jax as hz
+
+  table = (hz.presets.MEASURED if measured is None else measured).get(MEASURED_TASK, {})
+  kind = "adam" if optimizer == "adam" else "zo"
+  if mode == "lora" and optimizer in table:
+    kw = dict(table[optimizer])
+    out = {"lr": kw.pop("learning_rate"), "mu": kw.pop("mu", DEFAULT_MU[mode]),
+           "alpha": kw.pop("hessian_smoothing", DEFAULT_ALPHA), "source": MEASURED_TASK}
+    return {**out, "options": kw}
+  return {"lr": DEFAULT_LR[(mode, kind)], "mu": DEFAULT_MU[mode], "alpha": DEFAULT_ALPHA,
+          "options": {}, "source": "pilot"}
 
 
 def load_model(path: str):
@@ -256,9 +279,9 @@ def main(argv=None) -> None:
   if args.model is None:
     args.model = llama.smollm2_gguf_path()
 
-  kind = "adam" if args.optimizer == "adam" else "zo"
-  lr = args.lr if args.lr is not None else DEFAULT_LR[(args.mode, kind)]
-  mu = args.mu if args.mu is not None else DEFAULT_MU[args.mode]
+  setting = default_setting(args.optimizer, args.mode)
+  lr = args.lr if args.lr is not None else setting["lr"]
+  mu = args.mu if args.mu is not None else setting["mu"]
   runs, zero_shot = [], None
   for seed in shared.parse_list(args.seeds, int):
     t_start = time.perf_counter()
@@ -285,11 +308,13 @@ def main(argv=None) -> None:
     zero_shot = zero_shot or evaluate(params, frozen, *dev_set)
     loss_fn = peft.make_loss_fn(graphdef,
                                 lambda m, i, am, y: heads.cross_entropy(m(i, am), y))
-    tx = shared.make_optimizer(args.optimizer, lr, mu=mu, alpha=1e-2, seed=seed)
+    tx = shared.make_optimizer(args.optimizer, lr, mu=mu, alpha=setting["alpha"], seed=seed,
+                               options=setting["options"])
     desc = f"{args.optimizer} {args.mode} seed {seed}"
     n_train = sum(x.size for x in jax.tree.leaves(params))
     print(f"{desc}: template {tpl.name}, {len(train_idx)} training sentences, lr={lr:g} "
-          f"mu={mu:g}, {n_train:,} trainable params; zero-shot dev accuracy "
+          f"mu={mu:g} (defaults: {setting['source']}), {n_train:,} trainable params; "
+          f"zero-shot dev accuracy "
           f"{zero_shot['accuracy']:.3f}", flush=True)
     run = shared.train(name=args.optimizer, tx=tx, loss_fn=loss_fn, graphdef=graphdef,
                        params=params, frozen=frozen, train_set=train_set, eval_set=dev_set,

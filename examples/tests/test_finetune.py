@@ -586,3 +586,22 @@ def test_finetune_minilm_compares_new_methods_at_their_measured_settings(tmp_pat
   assert res["runs"]["zo_muon"][0]["lr"] == 1e-2
   assert res["runs"]["zo_muon"][0]["options"] == {"rank": 16, "num_directions": 4,
                                                  "layout": "torch"}
+
+
+def test_finetune_llm_defaults_follow_the_prompted_table_where_it_holds_the_optimizer():
+  """The prompted-SmolLM2 table's tuned setting (hz.presets.MEASURED's task) is the LoRA
+  default of every optimizer it holds; elsewhere the pilot's rates and the library's α."""
+  example = load_example("finetune_llm")
+  table = {example.MEASURED_TASK: {
+      "hizoo": {"learning_rate": 3e-3, "mu": 1e-2, "hessian_smoothing": 1e-6},
+      "zo_muon": {"learning_rate": 1e-2, "mu": 1e-2, "rank": 16, "num_directions": 4}}}
+  hizoo = example.default_setting("hizoo", "lora", table)
+  assert (hizoo["lr"], hizoo["mu"], hizoo["alpha"], hizoo["options"]) == (3e-3, 1e-2, 1e-6, {})
+  muon = example.default_setting("zo_muon", "lora", table)
+  assert muon["options"] == {"rank": 16, "num_directions": 4}
+  assert muon["source"] == example.MEASURED_TASK
+  mezo = example.default_setting("mezo", "lora", table)  # not in the table: the pilot's
+  assert (mezo["lr"], mezo["source"]) == (example.DEFAULT_LR[("lora", "zo")], "pilot")
+  ft = example.default_setting("hizoo", "ft", table)  # the table is LoRA's
+  assert (ft["lr"], ft["alpha"]) == (example.DEFAULT_LR[("ft", "zo")], example.DEFAULT_ALPHA)
+  assert example.default_setting("adam", "lora", {})["lr"] == example.DEFAULT_LR[("lora", "adam")]
