@@ -94,6 +94,21 @@ def with_decay_and_lr(estimate, learning_rate, weight_decay, weight_decay_mask,
       parts, {"learning_rate": learning_rate, "weight_decay": weight_decay})
 
 
+# The arguments every alias shares, as its docstring's Args section gives them.
+SHARED_ARGS = """learning_rate: a float or an Optax schedule.
+    weight_decay: L2 coefficient added to the estimate, ``g + weight_decay * theta``, on the
+      leaves of ``weight_decay_mask``.
+    weight_decay_mask: a tree of bools (or a callable of the params returning one) selecting
+      the decayed leaves; by default the leaves with ``ndim >= 2`` (biases and norm scales
+      are not decayed, as in the reference trainers and Hugging Face)."""
+
+
+def shared_args_doc(fn):
+  """Puts :data:`SHARED_ARGS` where ``fn``'s docstring says ``{shared_args}``."""
+  fn.__doc__ = fn.__doc__.replace("{shared_args}", SHARED_ARGS)
+  return fn
+
+
 def make_alias(name: str, scale_fn, summary: str, reference: str, extra: str = "",
            scaled_vectors: bool = False):
   """An alias ``name(learning_rate, *, weight_decay=0, weight_decay_mask=None, **options)``
@@ -115,12 +130,7 @@ def make_alias(name: str, scale_fn, summary: str, reference: str, extra: str = "
   :func:`hizoo_jax.{scale_fn.__name__}`.{extra}
 
   Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate, ``g + weight_decay * theta``, on the
-      leaves of ``weight_decay_mask``.
-    weight_decay_mask: a tree of bools (or a callable of the params returning one) selecting
-      the decayed leaves; by default the leaves with ``ndim >= 2`` (biases and norm scales
-      are not decayed, as in the reference trainers and Hugging Face).
+    {SHARED_ARGS}
     **options: {", ".join(f"``{p.name}``" for p in options)}: as in
       :func:`hizoo_jax.{scale_fn.__name__}`.
 

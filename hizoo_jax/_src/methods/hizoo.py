@@ -382,6 +382,7 @@ HIZOO_OPTIONS: tuple[inspect.Parameter, ...] = tuple(
 """The options of :func:`scale_by_hizoo`, which the aliases take as keywords too."""
 
 
+@alias.shared_args_doc
 def hizoo(
     learning_rate: ScalarOrSchedule,
     *,
@@ -401,12 +402,7 @@ def hizoo(
   ``alpha = 0.5 / d`` (d = number of params) and ``mu = 1e-2`` instead.
 
   Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate, ``g + weight_decay * theta``, on the
-      leaves of ``weight_decay_mask``.
-    weight_decay_mask: a tree of bools (or a callable of the params returning one) selecting
-      the decayed leaves; by default the leaves with ``ndim >= 2`` (biases and norm scales
-      are not decayed, as in the reference trainers and Hugging Face).
+    {shared_args}
     **options: every option of :func:`hizoo_jax.scale_by_hizoo` (``mu``,
       ``hessian_smoothing``, ``estimator``, ``num_directions``, ``factored``, ...).
 

@@ -71,6 +71,19 @@ def rows_last(params: Any, layout: str) -> tuple[bool, ...]:
   return tuple(layout == "flax" and not _is_embedding(path) for path, _ in flat)
 
 
+def leaf_outer(rows_last: bool, rows: jax.Array, cols: jax.Array) -> jax.Array:
+  """The leaf-shaped ``rows cols^T`` (the reference's ``[out, in]``), transposed when the
+  leaf holds the reference's rows last."""
+  return outer(cols, rows) if rows_last else outer(rows, cols)
+
+
+def check_concrete_rank(rank: int | None) -> None:
+  """A state's shapes need the rank: at init it must be a number."""
+  if rank is None:
+    raise TypeError("rank must be a concrete int at init (it shapes the state); under "
+                    "optax.inject_hyperparams pass it as a number, not a traced value")
+
+
 def rank_in_state(factors: tuple) -> int:
   """The ``rank`` option that built the factors ``[..., k, r]`` of a state (their largest
   ``r``): it gives every leaf the same clipped rank as the option did."""

@@ -97,14 +97,10 @@ class LOZO(m.Method):
     return jnp.shape(p)[:-2] + (self._sides(i, p)[0], lr.rank_of(p, self.rank))
 
   def _outer(self, i, rows, cols):
-    """The leaf-shaped ``rows cols^T`` (the reference's ``[out, in]``), transposed when the
-    leaf holds the reference's rows last."""
-    return lr.outer(cols, rows) if self.rows_last[i] else lr.outer(rows, cols)
+    return lr.leaf_outer(self.rows_last[i], rows, cols)
 
   def init(self, params, hyper):
-    if self.rank is None:
-      raise TypeError("rank must be a concrete int at init (it shapes the state); under "
-                      "optax.inject_hyperparams pass it as a number, not a traced value")
+    lr.check_concrete_rank(self.rank)
     if self.with_momentum is None:
       raise TypeError("momentum must be a concrete number at init (0 or not decides whether "
                       "the state holds a momentum)")

@@ -135,6 +135,7 @@ def scale_by_zo(
   return transform.zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution), seed)
 
 
+@alias.shared_args_doc
 def mezo(
     learning_rate: ScalarOrSchedule,
     *,
@@ -145,12 +146,7 @@ def mezo(
   """MeZO / ZO-SGD: ``theta <- theta - lr * (g_spsa + weight_decay * theta)``.
 
   Args:
-    learning_rate: a float or an Optax schedule.
-    weight_decay: L2 coefficient added to the estimate, ``g + weight_decay * theta``, on the
-      leaves of ``weight_decay_mask``.
-    weight_decay_mask: a tree of bools (or a callable of the params returning one) selecting
-      the decayed leaves; by default the leaves with ``ndim >= 2`` (biases and norm scales
-      are not decayed, as in the reference trainers and Hugging Face).
+    {shared_args}
     **options: ``mu``, ``num_directions``, ``sampler``, ``seed``: as in
       :func:`hizoo_jax.scale_by_zo`.
 

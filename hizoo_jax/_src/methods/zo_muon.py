@@ -112,14 +112,10 @@ class ZOMuon(m.Method):
     return shape[:-2] + (rows, r), shape[:-2] + (cols, r)
 
   def _outer(self, i, rows, cols):
-    """The leaf-shaped ``rows cols^T`` (the reference's ``[out, in]``), transposed when the
-    leaf holds the reference's rows last."""
-    return lr.outer(cols, rows) if self.rows_last[i] else lr.outer(rows, cols)
+    return lr.leaf_outer(self.rows_last[i], rows, cols)
 
   def init(self, params, hyper):
-    if self.rank is None:
-      raise TypeError("rank must be a concrete int at init (it shapes the state); under "
-                      "optax.inject_hyperparams pass it as a number, not a traced value")
+    lr.check_concrete_rank(self.rank)
     return ZOMuonState(p=tuple(jnp.zeros(self._shapes(i, x)[0], lr.factor_dtype(x))
                                if lr.is_matrix(x) else None
                                for i, x in enumerate(jax.tree.leaves(params))))
