@@ -196,3 +196,27 @@ def test_report_writes_its_task_into_a_measured_json_and_keeps_the_others(tmp_pa
   after = json.loads(path.read_text())
   task = after["tasks"].pop(report.MEASURED_TASK)
   assert after == before and task["methods"] == settings and "400 forward passes" in task["what"]
+
+
+def test_queue_runs_every_line_once_two_at_a_time_and_picks_up_appended_lines(tmp_path):
+  """The queue runner on a stand-in script: every line once, in order, two at a time, each
+  line's output in its own log, and a line appended while it runs is run too."""
+  from experiments.prompted import queue
+
+  script = tmp_path / "fake_run.py"
+  script.write_text(
+      "import os, sys, time\n"
+      f"queue = {str(tmp_path / 'queue.txt')!r}\n"
+      "if sys.argv[1:] == ['--arm', 'a']:\n"
+      "  with open(queue, 'a') as fh:\n"
+      "    fh.write('--arm d\\n')\n"
+      "time.sleep(0.2)\n"
+      "print('ran', *sys.argv[1:], os.environ['XLA_FLAGS'])\n")
+  (tmp_path / "queue.txt").write_text("# a comment\n--arm a\n--arm b\n\n--arm c\n")
+  queue.main(["--queue", str(tmp_path / "queue.txt"), "--runs", "2", "--script", str(script),
+              "--logs", str(tmp_path / "logs")])
+  logs = sorted(os.listdir(tmp_path / "logs"))
+  assert logs == ["arm_a.log", "arm_b.log", "arm_c.log", "arm_d.log"]
+  for name in logs:
+    (line,) = (tmp_path / "logs" / name).read_text().splitlines()
+    assert line.startswith(f"ran --arm {name[4]}") and queue.ONE_CORE in line
