@@ -201,7 +201,7 @@ def test_report_writes_its_task_into_a_measured_json_and_keeps_the_others(tmp_pa
 def test_queue_runs_every_line_once_two_at_a_time_and_picks_up_appended_lines(tmp_path):
   """The queue runner on a stand-in script: every line once, in order, two at a time, each
   line's output in its own log, and a line appended while it runs is run too."""
-  from experiments.prompted import queue
+  from experiments.prompted import run_queue as queue
 
   script = tmp_path / "fake_run.py"
   script.write_text(
@@ -220,3 +220,11 @@ def test_queue_runs_every_line_once_two_at_a_time_and_picks_up_appended_lines(tm
   for name in logs:
     (line,) = (tmp_path / "logs" / name).read_text().splitlines()
     assert line.startswith(f"ran --arm {name[4]}") and queue.ONE_CORE in line
+
+
+def test_no_module_beside_run_py_shadows_the_standard_library():
+  """run.py runs as a script, so its folder comes first on sys.path: a module there named
+  like a standard one (a ``queue.py``) replaces it for every import, Orbax's included."""
+  folder = os.path.join(ROOT, "experiments", "prompted")
+  names = {f[:-3] for f in os.listdir(folder) if f.endswith(".py")}
+  assert not names & set(sys.stdlib_module_names)

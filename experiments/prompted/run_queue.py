@@ -1,7 +1,7 @@
 """Runs the table's queue (``queue.txt``: one ``run.py`` call a line, in order), ``--runs`` of
 them at a time, each on one core.
 
-    nohup python -m experiments.prompted.queue --runs 2 > experiments/prompted/logs/queue.log &
+    nohup python -m experiments.prompted.run_queue --runs 2 > experiments/prompted/logs/queue.log &
 
 A line is read when a run slot frees up, so lines appended (or reordered below the running
 ones) while it runs are picked up. A run already in the table is skipped by ``run.py`` and an
