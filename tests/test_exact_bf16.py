@@ -106,9 +106,9 @@ def test_bfloat16_default_step_is_the_plain_update_bit_for_bit():
 
 def test_hizoo_steps_compile_no_rsqrt():
   """HiZOO's ``H^{-1/2}`` is built from correctly rounded ops (a divide and a square root in
-  the perturbation, multiplies and adds in the update), never XLA's ``rsqrt``, whose CPU code
-  is not the same in every program: so the lean step and the plain update agree to the bit
-  on any CPU, not only on the one the test above ran on."""
+  the perturbation, multiplies and adds in the update), never XLA's ``rsqrt``, which broke
+  the bit-identity of the test above on an AMD EPYC: correctly rounded ops give the lean step
+  and the plain update the same bits on any CPU."""
   params = tanh_mlp(SIZES, jnp.bfloat16, 0)
   for name in ("hizoo", "hizoo_l"):
     tx = METHODS[name]()

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+import hizoo_jax as hz
 from experiments import table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -313,12 +314,13 @@ MEASURED_WHAT = ("SmolLM2-135M-Instruct prompted on GLUE SST-2 whole sentences (
 
 def measured_settings(records: Sequence[dict], budget: float) -> dict[str, dict]:
   """The settings the table selects at B, in ``hizoo_jax/measured.json``'s form: each
-  zeroth-order arm whose configuration was chosen on both tuning seeds at a constant rate
-  with tried rates on both sides of it. Arms still being tuned are left out."""
+  arm that ``hz.presets.measured`` can build whose configuration was chosen on both tuning
+  seeds at a constant rate with tried rates on both sides of it. Arms still being tuned, and
+  those that are not a library method (Adam), are left out."""
   out = {}
   for row in summary(records, budget):
     b = row.get("B")
-    if row["arm"] == "adam" or b is None or not b["interior"]:
+    if row["arm"] not in hz.presets.ALIASES or b is None or not b["interior"]:
       continue
     arm, sched, lr, mu, alpha, opts, _ = b["config"]
     if sched != "constant":  # measured.json holds a learning rate, not a schedule
