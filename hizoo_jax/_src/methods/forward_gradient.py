@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hizoo_jax._src import alias, sampling, transform
+from hizoo_jax._src import alias, numerics, sampling, transform
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
 
@@ -51,7 +51,7 @@ class ForwardGradient(m.Method):
   def estimate(self, noise, state, hyper, params, measured):
     d = measured.values
     finite = jnp.isfinite(d)
-    coefs = jax.lax.optimization_barrier(jnp.where(finite, d, 0))
+    coefs = numerics.computed_once(jnp.where(finite, d, 0))
     n_valid = jnp.sum(finite.astype(jnp.int32), dtype=jnp.int32)
     g = m.mean_over_valid(self.combine(noise, state, hyper, params, coefs), n_valid)
     denom = jnp.maximum(n_valid, 1)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hizoo_jax._src import alias, sampling, transform
+from hizoo_jax._src import alias, numerics, sampling, transform
 from hizoo_jax._src import config as cfg
 from hizoo_jax._src import method as m
 from hizoo_jax._src.methods import spsa
@@ -69,8 +69,7 @@ class FZOO(m.Method):
     sigma = jnp.sqrt(jnp.sum(jnp.where(finite, jnp.square(values - mean), 0)) / nf)
     ok = (n >= 2) & (sigma > 0) & jnp.isfinite(sigma)
     coefs = jnp.where(finite & ok, (values - l0) / (nf * jnp.where(ok, sigma, 1)), 0)
-    # Materialised once, not copied into every leaf's pass (compile time).
-    coefs = jax.lax.optimization_barrier(coefs)
+    coefs = numerics.computed_once(coefs)
     g = self.combine(noise, state, hyper, params, coefs)
     skipped = self.num_probes - jnp.where(ok, n, 0)
     projected = jnp.sum(jnp.where(finite, values - l0, 0)) / nf / hyper["mu"].astype(dtype)

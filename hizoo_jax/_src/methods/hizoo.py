@@ -149,9 +149,7 @@ class HiZOO(m.Method):
     do_h = center & finite & resolved
     c = jnp.where(do_h, d2 / (2 * jnp.square(mu)), 0)
     skipped_h = (center & finite & ~resolved).astype(jnp.int32)
-    # Materialised once: otherwise XLA copies this scalar logic into every leaf's fused
-    # pass, which multiplies the compile time of models with many tensors.
-    proj, c, do_h = jax.lax.optimization_barrier((proj, c, do_h))
+    proj, c, do_h = numerics.computed_once((proj, c, do_h))
     return proj, c, do_h, finite, skipped_h
 
   def _advance(self, noise, h_leaves, j, c, do_h, alpha, tie, dense_only=None, after=()):

@@ -54,9 +54,7 @@ def two_sided_coefs(method: m.Method, hyper, measured: m.Measured):
   lp, lm = m.probe_values(method, measured, dtype)
   coefs, finite = projections(hyper, lp, lm, dtype)
   n_valid = jnp.sum(finite.astype(jnp.int32), dtype=jnp.int32)
-  # Materialised once: otherwise XLA copies this scalar logic into every leaf's fused
-  # pass, which multiplies the compile time of models with many tensors.
-  coefs = jax.lax.optimization_barrier(coefs)
+  coefs = numerics.computed_once(coefs)
   return coefs, n_valid, jnp.sum(coefs) / jnp.maximum(n_valid, 1).astype(dtype)
 
 

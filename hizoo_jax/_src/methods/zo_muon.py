@@ -151,7 +151,7 @@ class ZOMuon(m.Method):
     finite = jnp.isfinite(measured.values) & jnp.isfinite(l0) & hyper["mu_ok"]
     n = jnp.sum(finite.astype(jnp.int32), dtype=jnp.int32)
     coefs = jnp.where(finite, (measured.values - l0) / mu, 0) / jnp.maximum(n, 1)
-    coefs = jax.lax.optimization_barrier(coefs)
+    coefs = numerics.computed_once(coefs)
     g, new_p = [], []
     for i, x in enumerate(params):
       if only is not None and i not in only:  # the state stays complete; the estimate not
