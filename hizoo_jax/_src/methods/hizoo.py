@@ -69,6 +69,9 @@ class HiZOO(m.Method):
   factored: bool = False
   hessian_dtype: Any = None
   hessian_clip: tuple[float, float] = (1e-8, 1e8)
+  # The estimate is read by one fused pass (hz.hizoo's learning rate and weight decay), so
+  # its H^{-1/2} need not be cheap for XLA to recompute (curvature.inv_sqrt).
+  estimate_read_once: bool = False
 
   @property
   def state_after_params(self) -> bool:
@@ -240,7 +243,7 @@ class HiZOO(m.Method):
       words = noise.words(j)
       g = [a + proj.astype(a.dtype) * m.scale_leaf(
                words.noise(noise.sampler, i, p),
-               curv.strategy_of(h).inv_sqrt(h, self.hessian_clip))
+               curv.inv_sqrt(h, self.hessian_clip, read_once=self.estimate_read_once))
            for i, (a, p, h) in enumerate(zip(g, params, h_g, strict=True))]
       n_valid = n_valid + finite.astype(jnp.int32)
       n_skip_h = n_skip_h + skipped_h
@@ -358,20 +361,28 @@ def scale_by_hizoo(
     Zhao et al., "Second-Order Fine-Tuning without Pain for LLMs: A Hessian Informed
     Zeroth-Order Optimizer", ICLR 2025.
   """
-  sampler = cfg.check_sampler(sampler, needs_gaussian=True)
+  return _scale_by_hizoo(dict(locals()), estimate_read_once=False)
+
+
+def _scale_by_hizoo(options: dict[str, Any], *, estimate_read_once: bool):
+  """:func:`scale_by_hizoo` with all its ``options``; ``estimate_read_once``: only a fused
+  pass reads the estimate (the aliases), see :func:`hizoo_jax._src.curvature.inv_sqrt`."""
+  o = options
+  clip = o["hessian_clip"]
   method = HiZOO(
-      sampler=sampler,
-      key_impl=cfg.key_impl_of(seed),
-      num_probes=cfg.probes(num_directions),
-      estimator=estimator,
-      factored=bool(factored),
-      hessian_dtype=hessian_dtype,
-      hessian_clip=tuple(hessian_clip) if isinstance(hessian_clip, list) else hessian_clip,
+      sampler=cfg.check_sampler(o["sampler"], needs_gaussian=True),
+      key_impl=cfg.key_impl_of(o["seed"]),
+      num_probes=cfg.probes(o["num_directions"]),
+      estimator=o["estimator"],
+      factored=bool(o["factored"]),
+      hessian_dtype=o["hessian_dtype"],
+      hessian_clip=tuple(clip) if isinstance(clip, list) else clip,
+      estimate_read_once=estimate_read_once,
   )
-  hyper = dict(mu=mu, mu_resolution=mu_resolution, hessian_smoothing=hessian_smoothing,
-               hessian_update_every=hessian_update_every, hessian_init=hessian_init,
-               min_dim_size_to_factor=min_dim_size_to_factor, curvature_floor=curvature_floor)
-  return transform.zo_transform(method, hyper, seed)
+  hyper = {k: o[k] for k in ("mu", "mu_resolution", "hessian_smoothing",
+                             "hessian_update_every", "hessian_init", "min_dim_size_to_factor",
+                             "curvature_floor")}
+  return transform.zo_transform(method, hyper, o["seed"])
 
 
 HIZOO_OPTIONS: tuple[inspect.Parameter, ...] = tuple(
@@ -417,8 +428,14 @@ def hizoo(
     Zhao et al., "Second-Order Fine-Tuning without Pain for LLMs: A Hessian Informed
     Zeroth-Order Optimizer", ICLR 2025, Algorithms 1 and 3.
   """
-  return alias.with_decay_and_lr(scale_by_hizoo(**options), learning_rate, weight_decay,
-                                 weight_decay_mask)
+  # The estimate goes to the weight decay and the learning rate, one fused pass.
+  try:
+    bound = inspect.signature(scale_by_hizoo).bind(**options)
+  except TypeError as e:
+    raise TypeError(f"hizoo() {e}") from None
+  bound.apply_defaults()
+  return alias.with_decay_and_lr(_scale_by_hizoo(bound.arguments, estimate_read_once=True),
+                                 learning_rate, weight_decay, weight_decay_mask)
 
 
 hizoo.__signature__ = alias.signature(HIZOO_OPTIONS)  # type: ignore[attr-defined]
