@@ -305,8 +305,8 @@ def test_the_step_coefficients_are_computed_once_not_in_every_leaf_pass(name):
     return jnp.mean(h ** 2)
 
   tx = getattr(hz, name)(1e-3)
-  hlo = (hz.make_train_step(tx, chain).lower(params, tx.init(params), jnp.ones((8, 16), jnp.float32))
-         .compile().as_text())
+  x = jnp.ones((8, 16), jnp.float32)
+  hlo = hz.make_train_step(tx, chain).lower(params, tx.init(params), x).compile().as_text()
   passes = [c for c in re.split(r"\n(?=\S)", hlo)
             if c.startswith("%fused_computation") and "f32[16,16]" in c]
   assert passes, "no fused pass over a leaf found: has XLA's text format changed?"
