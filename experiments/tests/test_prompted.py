@@ -154,6 +154,25 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
          "(0.500) | 0.5200 (0.500) |" in listing
 
 
+def test_passes_to_mezo_name_the_configuration_that_gets_there_on_most_seeds():
+  """Where no configuration of an arm reaches tuned MeZO's CE at B on every tuning seed, the
+  row names the one that reaches it on most of them, soonest (not an arbitrary one)."""
+  from experiments.prompted import report
+
+  def run(arm, lr, seed, ces):
+    curve = [{"step": i, "passes": 100 * i, "ce": c} for i, c in enumerate(ces)]
+    return {"arm": arm, "lr": lr, "seed": seed, "schedule": "constant", "steps": 4,
+            "mu": 1e-2, "alpha": None, "options": {}, "mode": "lora", "curve": curve}
+
+  records = [run("mezo", 1e-3, s, [0.6, 0.58, 0.56, 0.54, 0.5]) for s in (0, 1)]
+  records += [run("fzoo", 3e-3, s, [0.6, 0.59, 0.58, 0.57, 0.56]) for s in (0, 1)]
+  records += [run("fzoo", 1e-2, 0, [0.6, 0.55, 0.52, 0.49, 0.51]),
+              run("fzoo", 1e-2, 1, [0.6, 0.55, 0.52, 0.51, 0.51])]
+  rows = {r["arm"]: r for r in report.summary(records, 400)}
+  assert rows["fzoo"]["reach"]["passes"] == {0: 300.0, 1: float("inf")}
+  assert "lr 0.01" in rows["fzoo"]["reach"]["label"]
+
+
 def test_run_keys_name_every_setting_that_changes_the_run():
   """Two runs that differ in any of run.py's settings of the method, data draw, schedule or
   parameter set have different keys (a key names its checkpoint directory and its record;
