@@ -286,6 +286,24 @@ def test_the_step_keeps_no_params_sized_temporary(name, monkeypatch):
     assert extra <= bound, (where, extra)
 
 
+def test_a_transform_reading_the_alias_twice_stores_h_inv_sqrt():
+  """``hz.hizoo``'s update takes ``H^{-1/2}`` as ``sqrt(1/H)``, which XLA stores rather than
+  recompute when a transform chained after the alias reads its updates twice (a global
+  norm, then the scaling): one params-sized buffer more than the same chain spelled from
+  ``scale_by_hizoo``, whose multiply-add form XLA recomputes in both readers. Both hold the
+  updates once for the norm (about 1.0)."""
+  params = mlp((256, 256, 256, 256), jnp.float32)
+  x = jnp.zeros((8, 256), jnp.float32)
+  y = jnp.zeros((8, 256), jnp.float32)
+  alias = optax.chain(hz.hizoo(1e-3), optax.clip_by_global_norm(1.0))
+  spelled = optax.chain(hz.scale_by_hizoo(), optax.clip_by_global_norm(1.0),
+                        optax.scale_by_learning_rate(1e-3))
+  (a,) = lean_step_extra(alias, loss_fn, params, x, y, in_a_user_jit=False).values()
+  (b,) = lean_step_extra(spelled, loss_fn, params, x, y, in_a_user_jit=False).values()
+  assert 0.9 < b < 1.1, b
+  assert 0.9 < a - b < 1.1, (a, b)
+
+
 def test_nnx_optimizer_gets_the_lean_step_inside_nnx_jit():
   nnx = pytest.importorskip("flax.nnx")
   from hizoo_jax.models import peft

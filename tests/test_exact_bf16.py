@@ -106,7 +106,8 @@ def test_bfloat16_default_step_is_the_plain_update_bit_for_bit():
 
 def test_hizoo_steps_compile_no_rsqrt():
   """HiZOO's ``H^{-1/2}`` is built from correctly rounded ops (a divide and a square root in
-  the perturbation, multiplies and adds in the update), never XLA's ``rsqrt``, which broke
+  the perturbation and in the aliases' update, multiplies and adds in ``scale_by_hizoo``'s
+  update), never XLA's ``rsqrt``, which broke
   the bit-identity of the test above on an AMD EPYC: correctly rounded ops give the lean step
   and the plain update the same bits on any CPU."""
   params = tanh_mlp(SIZES, jnp.bfloat16, 0)

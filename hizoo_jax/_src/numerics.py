@@ -108,16 +108,33 @@ def computed_once(tree: Any) -> Any:
   pass of every leaf, and a step's passes are most of its instructions, hence of its
   compile time, on a model with many tensors. An ``optimization_barrier`` does not stop
   this on XLA:CPU, which removes the barrier before it fuses (HiZOO's step on 200 tensors
-  of one shape: 82,400 instructions behind barriers, 69,700 with this). The values come
-  out of a loop whose trip count (1, or 2 when the first value is NaN: the body gives the
-  same values every time) XLA cannot see through, so it neither folds it nor fuses
-  across it.
+  of one shape: 82,400 instructions behind barriers, 69,700 with this). On the CPU the
+  values come out of a loop whose trip count (1, or 2 when the first value is NaN: the
+  body gives the same values every time) XLA cannot see through, so it neither folds it
+  nor fuses across it. Elsewhere they pass an ``optimization_barrier``: a GPU reads a
+  loop's condition back to the host at every trip, and its fusion is not what this cost.
+  Differentiable: the values' tangents pass through unchanged.
   """
   leaves, treedef = jax.tree.flatten(tree)
   if not leaves:
     return tree
-  one = runtime_one(leaves[0])
+  return treedef.unflatten(list(_computed_once(tuple(leaves))))
+
+
+def _loop_once(leaves: tuple) -> tuple:
+  one = runtime_one(leaves[0]) if jnp.size(leaves[0]) else jnp.ones((), jnp.int32)
   init = tuple(jnp.zeros_like(x) for x in leaves)
-  _, out = jax.lax.while_loop(lambda c: c[0] < one, lambda c: (c[0] + 1, tuple(leaves)),
+  _, out = jax.lax.while_loop(lambda c: c[0] < one, lambda c: (c[0] + 1, leaves),
                               (jnp.zeros((), jnp.int32), init))
-  return treedef.unflatten(list(out))
+  return out
+
+
+@jax.custom_jvp
+def _computed_once(leaves: tuple) -> tuple:
+  return jax.lax.platform_dependent(leaves, cpu=_loop_once,
+                                    default=jax.lax.optimization_barrier)
+
+
+@_computed_once.defjvp
+def _computed_once_jvp(primals, tangents):
+  return _computed_once(*primals), tangents[0]

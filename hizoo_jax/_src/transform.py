@@ -130,14 +130,14 @@ def _initial_in_effect(method: m.Method, hyper: dict[str, Any], count: jax.Array
 
   Run op by op, their two dozen scalar ops each compile on first use: 0.3 s of the first
   step of a 200-tensor model. The program is cached per method and options (hashable ones:
-  numbers, strings, schedules); options that are arrays are computed op by op.
+  numbers, strings, schedules). Op by op instead: options that are arrays, and a schedule
+  that needs a concrete step count (Python control flow on it).
   """
   items = tuple((k, type(v), v) for k, v in sorted(hyper.items()))
   try:
-    fn = _compiled_in_effect(method, items)
-  except TypeError:  # an unhashable option
+    return _compiled_in_effect(method, items)(count, params, state)
+  except (TypeError, jax.errors.ConcretizationTypeError):
     return method.in_effect(hyper, count, params, state)
-  return fn(count, params, state)
 
 
 def zo_transform(method: m.Method, hyper: dict[str, Any],

@@ -43,8 +43,6 @@ class ForwardGradient(m.Method):
 
   def in_effect(self, hyper, count, params, state):
     del hyper, count, state
-    from hizoo_jax._src import numerics  # noqa: PLC0415
-
     dtype = numerics.loss_dtype(params)
     return {"mu": jnp.ones((), dtype), "center": jnp.asarray(False)}
 

@@ -69,8 +69,9 @@ class HiZOO(m.Method):
   factored: bool = False
   hessian_dtype: Any = None
   hessian_clip: tuple[float, float] = (1e-8, 1e8)
-  # The estimate is read by one fused pass (hz.hizoo's learning rate and weight decay), so
-  # its H^{-1/2} need not be cheap for XLA to recompute (curvature.inv_sqrt).
+  # The estimate is read by one fused pass (hz.hizoo's learning rate and weight decay, with
+  # nothing chained after the alias that reads it twice), so its H^{-1/2} need not be cheap
+  # for XLA to recompute (curvature.inv_sqrt).
   estimate_read_once: bool = False
 
   @property
