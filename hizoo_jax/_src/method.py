@@ -23,8 +23,11 @@ differs between methods, and nothing else:
   statistics.
 * :meth:`Method.init` and :meth:`Method.in_effect`: the method's own state, and the
   numeric options in effect at a step (schedules evaluated, traced values sanitised).
-* :meth:`Method.prepare` (optional): what the step needs from the unperturbed params
-  before the engine moves them in place (Sparse MeZO's masks), computed once per step.
+* :meth:`Method.prepare` (optional): the method's state as the step reads it (ZO-Muon's
+  and SubZero's subspaces, redrawn at the start of the steps that refresh them) and what
+  the step needs from the unperturbed params before the engine moves them in place
+  (Sparse MeZO's masks), computed once per step and read by every pass and by the
+  estimate.
 
 The transform (:func:`hizoo_jax._src.transform.zo_transform`) runs any method through
 ``tx.update``: it measures the losses with ``value_fn`` on copies of the params. The
@@ -267,11 +270,20 @@ class Method:
     del params, hyper
     return ()
 
-  def prepare(self, leaves: list, state: Any, hyper: dict[str, jax.Array]) -> Any:
-    """What the step needs from the unperturbed params before any pass moves them (small:
-    it is carried through the engine's passes); None by default."""
-    del leaves, state, hyper
-    return None
+  def prepare(self, noise: StepNoise, state: Any, hyper: dict[str, jax.Array]
+              ) -> tuple[Any, Any]:
+    """``(state, prepared)`` of this step, computed once before any pass moves the params
+    (``noise.leaves``): the method's state as the step's passes and estimate read it
+    (``state`` itself by default; it must give itself back when prepared again: the
+    engine prepares the state once and hands the prepared one to the update), and what
+    else the step needs from the unperturbed params (small: it is carried through the
+    engine's passes; None by default), read as ``noise.prepared``.
+
+    Work done here is traced once a step; done where a pass reads it, it is traced into
+    every pass and into the update (ZO-Muon's redrawn subspaces: a third of its first
+    call's compile time)."""
+    del noise, hyper
+    return state, None
 
   def in_effect(self, hyper: dict[str, Any], count: jax.Array, params: Any,
                 state: Any) -> dict[str, jax.Array]:

@@ -232,22 +232,23 @@ def _step(method: m.Method, state: ZOState, in_effect: dict, params: Any, call: 
   leaves, treedef = jax.tree.flatten(params)
   noise_key, next_key = _keys(method, state, key)
   given = call.losses
+  noise = m.StepNoise(method.sampler, noise_key, leaves, lean=given is not None)
   if given is not None and len(given) > 2:
-    prepared = given[2]  # the caller's, from theta before its passes moved it
+    # The caller prepared the step, from theta before its passes moved it, and hands the
+    # prepared method state in ``state``.
+    method_state, noise.prepared = state.method, given[2]
   else:
-    prepared = method.prepare(leaves, state.method, in_effect)
-  noise = m.StepNoise(method.sampler, noise_key, leaves, lean=given is not None,
-                      prepared=prepared)
+    method_state, noise.prepared = method.prepare(noise, state.method, in_effect)
   if given is None:
-    measured = measure(method, noise, state.method, in_effect, treedef, leaves, value_fn,
+    measured = measure(method, noise, method_state, in_effect, treedef, leaves, value_fn,
                        dtype)
   else:
     measured = m.Measured(jnp.asarray(given[0], dtype),
                           jnp.asarray(given[1], dtype).reshape(num_measured))
   if call.leaves is None:
-    g, method_state, stats = method.estimate(noise, state.method, in_effect, leaves, measured)
+    g, method_state, stats = method.estimate(noise, method_state, in_effect, leaves, measured)
   else:  # the lean engine's call for one group of leaves (Method.serial_products)
-    g, method_state, stats = method.estimate_some(noise, state.method, in_effect, leaves,
+    g, method_state, stats = method.estimate_some(noise, method_state, in_effect, leaves,
                                                   measured, frozenset(call.leaves))
     if call.outside is not None:  # the engine's check that the chain is leafwise
       rest = iter(call.outside)

@@ -84,10 +84,17 @@ class Located:
       k += len(jax.tree.leaves(part))
     return out
 
-  def prepare(self, params):
-    """What the method needs from the unperturbed params (see Method.prepare)."""
-    leaves = jax.tree.leaves(self.view(params))
-    return self.method.prepare(leaves, self.state.method, self.state.hyper)
+  def prepare(self, params, opt_state):
+    """``(opt_state, prepared)``: the optimizer state with the method's state as this step
+    reads it, and what else the method needs from the unperturbed params (see
+    Method.prepare)."""
+    noise = self.noise(jax.tree.leaves(self.view(params)))
+    method_state, prepared = self.method.prepare(noise, self.state.method, self.state.hyper)
+    found = iter(range(len(transform.zo_states(opt_state))))
+    opt_state = jax.tree.map(
+        lambda a: (a._replace(method=method_state) if next(found) == self.index else a)
+        if transform.is_zo_state(a) else a, opt_state, is_leaf=transform.is_zo_state)
+    return opt_state, prepared
 
   def perturb(self, params, coefs, probes, measured, prepared=None, after=(), serial=True):
     """``params`` with the selected leaves moved by ``coefs[w] * mu * D_probes[w]``, one

@@ -120,7 +120,7 @@ def _loop_step(tx, loc, f, has_aux, inplace, params, opt_state, batch):
   n_slots = 1 + loc.method.num_measured
   l0 = jax.lax.cond(loc.state.hyper["center"], lambda: f(params, *batch), lambda: zero)
   outs = jax.tree.map(lambda z: jnp.zeros((n_slots,) + z.shape, z.dtype).at[0].set(z), l0)
-  prepared = loc.prepare(params)
+  opt_state, prepared = loc.prepare(params, opt_state)
   params, opt_state, outs, prepared = jax.lax.optimization_barrier(
       (params, opt_state, outs, prepared))
   if inplace:
@@ -257,7 +257,8 @@ def _batched_step(tx, loc, f, has_aux, params, opt_state, batch):
   offsets = m.measured_offsets(method.passes)
   probes = jnp.asarray([j for j, _ in offsets], jnp.int32)
   coefs = jnp.asarray([o for _, o in offsets], jnp.float32)
-  prepared = loc.prepare(params)
+  opt_state, prepared = loc.prepare(params, opt_state)
+  loc = loc.rebind(opt_state)
   dtype = f.dtype
   nothing = m.Measured(jnp.zeros((), dtype), jnp.zeros([method.num_measured], dtype))
   perturbed = jax.vmap(lambda j, c: loc.perturb(params, [c], [j], nothing, prepared))(

@@ -137,10 +137,43 @@ def leaf_factor(words: sampling.DirectionWords, i: int, leaf, shape) -> jax.Arra
   return gaussian(words.key(i), shape, factor_dtype(leaf))
 
 
+def factor_key(noise_key: jax.Array, i: Any, salt: int = 0) -> jax.Array:
+  """The key of leaf ``i``'s lazily resampled factor (``i`` may be an array of indices: the
+  keys of several leaves from one hash, each the same as its own call's)."""
+  base = jax.random.fold_in(noise_key, FACTOR_TAG + salt)
+  if jnp.ndim(i) == 0:
+    return jax.random.fold_in(base, i)
+  return jax.vmap(lambda k: jax.random.fold_in(base, k))(jnp.asarray(i, jnp.uint32))
+
+
 def resampled(noise_key: jax.Array, i: int, leaf, shape, salt: int = 0) -> jax.Array:
   """A lazily resampled factor of leaf ``i`` (drawn on the steps that refresh it)."""
-  key = jax.random.fold_in(jax.random.fold_in(noise_key, FACTOR_TAG + salt), i)
-  return gaussian(key, shape, factor_dtype(leaf))
+  return gaussian(factor_key(noise_key, i, salt), shape, factor_dtype(leaf))
+
+
+def refreshed_subspaces(noise, flag: jax.Array, stored: tuple,
+                        draw: Callable[[jax.Array, int, Any], Any], salts: int = 1) -> tuple:
+  """Each matrix leaf's orthonormal factors at this step: ``stored[i]`` (None for a
+  vector), or on the steps that redraw them (``flag``), ``draw(keys, i, leaf)`` with
+  ``keys[s]`` leaf ``i``'s :func:`factor_key` of salt ``s``.
+
+  A method's :meth:`~hizoo_jax._src.method.Method.prepare`: one ``lax.cond`` for every
+  leaf, traced once per step, whose passes and estimate read the result. (Drawn where
+  each pass reads a factor, the draws and the QR factorisations are traced into every
+  pass and into the update: three times over on ZO-Muon's MiniLM step, a quarter of its
+  first call's compile time.)"""
+  matrices = [i for i, x in enumerate(noise.leaves) if is_matrix(x)]
+
+  def fresh():
+    keys = [factor_key(noise.noise_key, jnp.asarray(matrices), salt) for salt in range(salts)]
+    out = list(stored)
+    for k, i in enumerate(matrices):
+      out[i] = draw([kk[k] for kk in keys], i, noise.leaves[i])
+    return tuple(out)
+
+  if not matrices:
+    return tuple(stored)
+  return refreshed(flag, fresh, tuple(stored))
 
 
 def orthonormal(g: jax.Array, sign_fix: bool = False) -> jax.Array:

@@ -113,14 +113,15 @@ class SparseMeZO(spsa.SPSA):
          for p in leaves]
     return SparseMeZOState(thresholds=jnp.stack(h) if h else jnp.zeros([0], dtype))
 
-  def prepare(self, leaves, state, hyper):
+  def prepare(self, noise, state, hyper):
+    leaves = noise.leaves
     if state.thresholds.shape[0] != len(leaves):
       raise ValueError(f"the Sparse MeZO state has {state.thresholds.shape[0]} thresholds "
                        f"but the params have {len(leaves)} leaves: is the optimizer state "
                        "from another model?")
-    return [pack(jnp.abs(jnp.asarray(p, _compare_dtype(p)))
-                 <= state.thresholds[i].astype(_compare_dtype(p)))
-            if _masked(p) else None for i, p in enumerate(leaves)]
+    return state, [pack(jnp.abs(jnp.asarray(p, _compare_dtype(p)))
+                        <= state.thresholds[i].astype(_compare_dtype(p)))
+                   if _masked(p) else None for i, p in enumerate(leaves)]
 
   def direction_leaf(self, noise, state, hyper, words, i, leaf):
     z = words.noise(noise.sampler, i, leaf)

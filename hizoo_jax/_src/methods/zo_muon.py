@@ -128,18 +128,19 @@ class ZOMuon(m.Method):
             "vector_scale": jnp.asarray(hyper["vector_scale"] if scale is None
                                         else float(scale), dtype)}
 
-  def _projector(self, noise, state, hyper, i, x):
-    return lr.refreshed(
-        hyper["resample"],
-        lambda: lr.orthonormal(lr.resampled(noise.noise_key, i, x, self._shapes(i, x)[0]),
-                               sign_fix=True),
-        state.p[i])
+  def prepare(self, noise, state, hyper):
+    """The state with every matrix leaf's ``P`` of this step: redrawn on the steps that
+    refresh it, before the passes that read it."""
+    return ZOMuonState(p=lr.refreshed_subspaces(
+        noise, hyper["resample"], state.p,
+        lambda keys, i, x: lr.orthonormal(
+            lr.gaussian(keys[0], self._shapes(i, x)[0], lr.factor_dtype(x)),
+            sign_fix=True))), None
 
   def direction_leaf(self, noise, state, hyper, words, i, leaf):
     if not lr.is_matrix(leaf):
       return words.noise(noise.sampler, i, leaf)
-    proj = self._projector(noise, state, hyper, i, leaf)
-    return self._outer(i, proj, lr.leaf_factor(words, i, leaf, self._shapes(i, leaf)[1]))
+    return self._outer(i, state.p[i], lr.leaf_factor(words, i, leaf, self._shapes(i, leaf)[1]))
 
   def estimate(self, noise, state, hyper, params, measured):
     return self.estimate_some(noise, state, hyper, params, measured, None)
@@ -152,15 +153,13 @@ class ZOMuon(m.Method):
     n = jnp.sum(finite.astype(jnp.int32), dtype=jnp.int32)
     coefs = jnp.where(finite, (measured.values - l0) / mu, 0) / jnp.maximum(n, 1)
     coefs = numerics.computed_once(coefs)
-    g, new_p = [], []
+    g = []
     for i, x in enumerate(params):
       if only is not None and i not in only:  # the state stays complete; the estimate not
-        new_p.append(self._projector(noise, state, hyper, i, x) if lr.is_matrix(x) else None)
         g.append(m.noise_zeros([x])[0])
         continue
       if lr.is_matrix(x):
-        proj = self._projector(noise, state, hyper, i, x)
-        new_p.append(proj)
+        proj = state.p[i]
         dt = lr.factor_dtype(x)
         r_t = sum(coefs[j].astype(dt)
                   * lr.leaf_factor(noise.words(j), i, x, self._shapes(i, x)[1])
@@ -168,15 +167,14 @@ class ZOMuon(m.Method):
         ortho = jnp.swapaxes(newton_schulz(jnp.swapaxes(r_t, -1, -2)), -1, -2)
         g.append(jnp.where(n > 0, self._outer(i, proj, ortho), 0))
       else:
-        new_p.append(None)
         acc = m.noise_zeros([x])[0]
         scale = hyper["vector_scale"].astype(coefs.dtype)
         for j in range(self.num_probes):
           acc = acc + (scale * coefs[j]).astype(acc.dtype) * noise.words(j).noise(
               noise.sampler, i, x)
         g.append(acc)
-    return g, ZOMuonState(p=tuple(new_p)), dict(loss=l0, skipped=self.num_probes - n,
-                                                projected=jnp.sum(coefs).astype(dtype))
+    return g, state, dict(loss=l0, skipped=self.num_probes - n,
+                          projected=jnp.sum(coefs).astype(dtype))
 
 
 def scale_by_zo_muon(
