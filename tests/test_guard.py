@@ -8,6 +8,8 @@ rounding (tests/test_engine.py), whatever the learning rate.
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -34,6 +36,12 @@ def mlp(sizes=(6, 12, 3), dtype=jnp.float64):
 X = jax.random.normal(jax.random.key(1), (16, 6), jnp.float64)
 Y = jax.random.normal(jax.random.key(2), (16, 3), jnp.float64)
 ALIASES = {"mezo": hz.mezo, "hizoo": hz.hizoo, "hizoo_l": hz.hizoo_l}
+# Methods whose subspaces are redrawn on schedule (here every step), also when the step's
+# direction is dropped; ZO-Muon's and SubZero's are prepared before the passes and carried
+# by the engine in place of the stored ones. A skipped step gives the stored ones back.
+REFRESHED = {"zo_muon": functools.partial(hz.zo_muon, rank=2, resample_every=1),
+             "subzero": functools.partial(hz.subzero, rank=2, resample_every=1),
+             "lozo": functools.partial(hz.lozo, rank=2, resample_every=1, momentum=0.9)}
 PATHS = {"plain": dict(lean=False), "lean": dict(lean=True, restore="exact")}
 # Each method on the lean path, where the guard sits inside the engine's passes next to
 # each method's own state (none, H, HiZOO-L's factors); the plain path (the generic
@@ -80,13 +88,13 @@ def test_the_state_is_the_chain_tuple_plus_the_guard_counts():
   assert int(otu.tree_get(state, "skipped_bad_hyperparams")) == 0
 
 
-@pytest.mark.parametrize(("alias", "path"), COVER)
+@pytest.mark.parametrize(("alias", "path"), COVER + [(name, path) for name in REFRESHED for path in PATHS])
 def test_a_bad_injected_value_leaves_params_and_state_exactly_and_is_counted(alias, path):
   """The injected value arrives traced: the step runs, emits nothing, keeps the state."""
   kw = dict(learning_rate=1e-2, weight_decay=0.1)
-  if alias != "mezo":
+  if alias in ("hizoo", "hizoo_l"):
     kw["hessian_smoothing"] = 0.1
-  tx = optax.inject_hyperparams(ALIASES[alias])(**kw)
+  tx = optax.inject_hyperparams({**ALIASES, **REFRESHED}[alias])(**kw)
   step = hz.make_train_step(tx, loss_fn, donate=False, **PATHS[path])
   params = mlp()
   params, state, _ = step(params, tx.init(params), X, Y)  # one good step first

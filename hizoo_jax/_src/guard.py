@@ -191,9 +191,11 @@ def _losses_unless(ok: jax.Array, extra_args: dict[str, Any]) -> dict[str, Any]:
   both the old and the new ``H`` (measured: +0.98 param bytes in the lean HiZOO step)."""
   extra_args = dict(extra_args)
   call = ZOCall.of(extra_args.get("zo_call"))
-  if call.losses is not None:
+  if call.losses is not None:  # the measured values; what the method prepared stays
+    l0, values, *rest = call.losses
     extra_args["zo_call"] = call.replace(
-        losses=jax.tree.map(lambda x: _nan_unless(ok, x), call.losses))
+        losses=(_nan_unless(ok, l0), jax.tree.map(lambda x: _nan_unless(ok, x), values),
+                *rest))
   value_fn = extra_args.get("value_fn")
   if callable(value_fn):
     extra_args["value_fn"] = lambda p: _nan_unless(ok, value_fn(p))
@@ -201,7 +203,9 @@ def _losses_unless(ok: jax.Array, extra_args: dict[str, Any]) -> dict[str, Any]:
 
 
 # The fields of a zeroth-order state that the transform itself leaves as they were when its
-# losses are not finite (a dropped direction changes no Hessian): the state of the method.
+# losses are not finite (a dropped direction changes no Hessian): the state of the method,
+# unless it is redrawn on schedule whatever the losses (the low-rank methods' subspaces,
+# marked ``refreshed_on_schedule``; small), which is selected like the rest.
 _KEPT_BY_THE_TRANSFORM = ("hessian", "method")
 
 
@@ -211,8 +215,10 @@ def _keep_unless(ok: jax.Array, new: Any, old: Any) -> Any:
   (:func:`_losses_unless`); ``tests/test_guard.py`` compares the whole state bitwise."""
   def pick(n, o):
     if transform.is_zo_state(n):
+      scheduled = getattr(n.method, "refreshed_on_schedule", False)
       kept = {f: jax.tree.map(lambda a, b: jnp.where(ok, a, b), getattr(n, f), getattr(o, f))
-              for f in n._fields if f not in _KEPT_BY_THE_TRANSFORM}
+              for f in n._fields
+              if f not in _KEPT_BY_THE_TRANSFORM or (f == "method" and scheduled)}
       return n._replace(**kept)
     return jax.tree.map(lambda a, b: jnp.where(ok, a, b), n, o)
 

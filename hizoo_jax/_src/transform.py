@@ -234,9 +234,10 @@ def _step(method: m.Method, state: ZOState, in_effect: dict, params: Any, call: 
   given = call.losses
   noise = m.StepNoise(method.sampler, noise_key, leaves, lean=given is not None)
   if given is not None and len(given) > 2:
-    # The caller prepared the step, from theta before its passes moved it, and hands the
-    # prepared method state in ``state``.
-    method_state, noise.prepared = state.method, given[2]
+    # The caller prepared the step, from theta before its passes moved it.
+    method_state, noise.prepared = given[2]
+    if method_state is None:  # the stored state, as the method prepares it
+      method_state = state.method
   else:
     method_state, noise.prepared = method.prepare(noise, state.method, in_effect)
   if given is None:

@@ -85,16 +85,33 @@ class Located:
     return out
 
   def prepare(self, params, opt_state):
-    """``(opt_state, prepared)``: the optimizer state with the method's state as this step
-    reads it, and what else the method needs from the unperturbed params (see
-    Method.prepare)."""
+    """``(opt_state, prepared)`` for the step's passes: the optimizer state with the
+    method's state as this step reads it (see Method.prepare) in place of the stored one,
+    which the passes never read (so XLA may write the one over the other), and what else
+    the method needs from the unperturbed params."""
     noise = self.noise(jax.tree.leaves(self.view(params)))
     method_state, prepared = self.method.prepare(noise, self.state.method, self.state.hyper)
+    if not self.method.prepares_state:
+      return opt_state, prepared
+    return self._with_method_state(opt_state, method_state), prepared
+
+  def for_update(self, opt_state, stored, prepared):
+    """``(opt_state, prepared)`` for the final update: the optimizer state with the stored
+    method state ``stored`` back in place, so that a wrapper that keeps the state it was
+    given when it skips a step keeps the user's, and ``(the method state the passes read,
+    prepared)``, which the ZO transform takes as :attr:`ZOCall.losses` ``[2]``. Where no
+    wrapper keeps it, nothing reads ``stored`` after :meth:`prepare`. (A method whose
+    state the preparation leaves as it is hands ``None`` for it.)"""
+    if not self.method.prepares_state:
+      return opt_state, (None, prepared)
+    step_state = transform.zo_states(opt_state)[self.index].method
+    return self._with_method_state(opt_state, stored), (step_state, prepared)
+
+  def _with_method_state(self, opt_state, method_state):
     found = iter(range(len(transform.zo_states(opt_state))))
-    opt_state = jax.tree.map(
+    return jax.tree.map(
         lambda a: (a._replace(method=method_state) if next(found) == self.index else a)
         if transform.is_zo_state(a) else a, opt_state, is_leaf=transform.is_zo_state)
-    return opt_state, prepared
 
   def perturb(self, params, coefs, probes, measured, prepared=None, after=(), serial=True):
     """``params`` with the selected leaves moved by ``coefs[w] * mu * D_probes[w]``, one

@@ -120,6 +120,7 @@ def _loop_step(tx, loc, f, has_aux, inplace, params, opt_state, batch):
   n_slots = 1 + loc.method.num_measured
   l0 = jax.lax.cond(loc.state.hyper["center"], lambda: f(params, *batch), lambda: zero)
   outs = jax.tree.map(lambda z: jnp.zeros((n_slots,) + z.shape, z.dtype).at[0].set(z), l0)
+  stored = loc.state.method
   opt_state, prepared = loc.prepare(params, opt_state)
   params, opt_state, outs, prepared = jax.lax.optimization_barrier(
       (params, opt_state, outs, prepared))
@@ -137,6 +138,7 @@ def _loop_step(tx, loc, f, has_aux, inplace, params, opt_state, batch):
     params = loc.rebind(opt_state).perturb(
         params, [c for _, c in tail], [j for j, _ in tail],
         m.Measured(losses[0], losses[1:]), prepared)
+  opt_state, prepared = loc.for_update(opt_state, stored, prepared)
   params, opt_state = update.final_update(tx, params, opt_state,
                                           (losses[0], losses[1:], prepared), loc)
   aux = _mean_aux(outs[1]) if has_aux else None
@@ -257,6 +259,7 @@ def _batched_step(tx, loc, f, has_aux, params, opt_state, batch):
   offsets = m.measured_offsets(method.passes)
   probes = jnp.asarray([j for j, _ in offsets], jnp.int32)
   coefs = jnp.asarray([o for _, o in offsets], jnp.float32)
+  stored = loc.state.method
   opt_state, prepared = loc.prepare(params, opt_state)
   loc = loc.rebind(opt_state)
   dtype = f.dtype
@@ -266,6 +269,7 @@ def _batched_step(tx, loc, f, has_aux, params, opt_state, batch):
   values, aux = jax.vmap(lambda p: f(p, *batch))(perturbed)
   zero = f.zeros(params, *batch)
   l0, aux0 = jax.lax.cond(loc.state.hyper["center"], lambda: f(params, *batch), lambda: zero)
+  opt_state, prepared = loc.for_update(opt_state, stored, prepared)
   params, opt_state = update.final_update(tx, params, opt_state, (l0, values, prepared), loc)
   if has_aux:
     aux = _mean_aux(jax.tree.map(lambda a, s: jnp.concatenate([a[None], s]), aux0, aux))

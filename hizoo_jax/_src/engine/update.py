@@ -42,8 +42,7 @@ def final_update(tx, params, opt_state, losses, loc=None):
   if method is None or not method.state_after_params:
     return params_new, new_state
   zero = order.after_written(params_new)
-  l0, values, *rest = losses
-  tied = (l0 + zero.astype(l0.dtype), values + zero.astype(values.dtype), *rest)
+  tied = _tied(losses, zero)
   _, later = tx.update(locate.zeros_like(params), opt_state, params,
                        zo_call=m.ZOCall(losses=tied), value_params=params)
   return params_new, order.with_method_states(new_state, later)
@@ -90,11 +89,10 @@ def _serial_update(tx, params, opt_state, losses, params_new, new_state, loc):
   if len(groups) < 2 or not _leafwise(tx, params, opt_state, losses, position, groups[1]):
     return params_new, new_state
   out = list(leaves)
-  l0, values, *rest = losses
   state = new_state
   for prev, group in zip(groups[:-1], groups[1:], strict=True):
     zero = order.after_whole([out[position[i]] for i in prev])
-    tied = (l0 + zero.astype(l0.dtype), values + zero.astype(values.dtype), *rest)
+    tied = _tied(losses, zero)
     updates, state = tx.update(locate.zeros_like(params), order.tied_method_states(opt_state, zero),
                                params, value_params=params,
                                zo_call=m.ZOCall(losses=tied, leaves=tuple(group)))
@@ -102,6 +100,14 @@ def _serial_update(tx, params, opt_state, losses, params_new, new_state, loc):
     for i in group:
       out[position[i]] = later[position[i]]
   return treedef.unflatten(out), state
+
+
+def _tied(losses, zero):
+  """``losses`` (with what the method prepared: the state its products read) plus the
+  exact zero ``zero``: the same values, computed after whatever ``zero`` depends on."""
+  l0, values, *rest = losses
+  return (l0 + zero.astype(l0.dtype), values + zero.astype(values.dtype),
+          *order.plus(rest, zero))
 
 
 def _leafwise(tx, params, opt_state, losses, position, group) -> bool:

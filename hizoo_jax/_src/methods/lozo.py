@@ -52,6 +52,7 @@ class LOZOState(NamedTuple):
 
   v: tuple
   momentum: Any
+  refreshed_on_schedule = True  # also on a dropped step: the guard selects it
 
 
 @dataclasses.dataclass(frozen=True)

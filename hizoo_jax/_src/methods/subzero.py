@@ -38,6 +38,7 @@ class SubZeroState(NamedTuple):
 
   u: tuple
   v: tuple
+  refreshed_on_schedule = True  # also on a dropped step: the guard selects it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,7 @@ class SubZero(spsa.SPSA):
   # restore holds one more (0.23 param bytes over a forward pass instead of 0.16, measured
   # on four 256 x 256 matrices at rank 8), so it stays a pass of its own.
   restore_in_update = False
+  prepares_state = True
   rank: int | None = 8  # None: traced (optax.inject_hyperparams), recovered from the state
 
   @property

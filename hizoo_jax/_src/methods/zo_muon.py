@@ -66,6 +66,7 @@ class ZOMuonState(NamedTuple):
   """ZO-Muon's projector ``P [..., m, r]`` per matrix leaf (None for vectors)."""
 
   p: tuple
+  refreshed_on_schedule = True  # also on a dropped step: the guard selects it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +80,7 @@ class ZOMuon(m.Method):
   # fused rank-64 product: 1.8 param bytes over a forward pass instead of 0.99), so each
   # move stays a pass of its own.
   restore_in_update = False
+  prepares_state = True
   rank: int | None = 64
   num_probes: int = 4
   layout: str = "flax"
