@@ -88,7 +88,8 @@ def test_the_state_is_the_chain_tuple_plus_the_guard_counts():
   assert int(otu.tree_get(state, "skipped_bad_hyperparams")) == 0
 
 
-@pytest.mark.parametrize(("alias", "path"), COVER + [(name, path) for name in REFRESHED for path in PATHS])
+@pytest.mark.parametrize(("alias", "path"),
+                         COVER + [(name, path) for name in REFRESHED for path in PATHS])
 def test_a_bad_injected_value_leaves_params_and_state_exactly_and_is_counted(alias, path):
   """The injected value arrives traced: the step runs, emits nothing, keeps the state."""
   kw = dict(learning_rate=1e-2, weight_decay=0.1)
