@@ -362,7 +362,13 @@ def scale_by_hizoo(
     Zhao et al., "Second-Order Fine-Tuning without Pain for LLMs: A Hessian Informed
     Zeroth-Order Optimizer", ICLR 2025.
   """
-  return _scale_by_hizoo(dict(locals()), estimate_read_once=False)
+  options = dict(
+      mu=mu, hessian_smoothing=hessian_smoothing, estimator=estimator,
+      num_directions=num_directions, factored=factored,
+      min_dim_size_to_factor=min_dim_size_to_factor, hessian_update_every=hessian_update_every,
+      hessian_clip=hessian_clip, hessian_init=hessian_init, hessian_dtype=hessian_dtype,
+      curvature_floor=curvature_floor, mu_resolution=mu_resolution, sampler=sampler, seed=seed)
+  return _scale_by_hizoo(options, estimate_read_once=False)
 
 
 def _scale_by_hizoo(options: dict[str, Any], *, estimate_read_once: bool):
