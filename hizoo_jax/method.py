@@ -18,6 +18,7 @@ from hizoo_jax._src.method import (
     two_sided,
 )
 from hizoo_jax._src.methods.spsa import mu_in_effect
+from hizoo_jax._src.numerics import computed_once
 from hizoo_jax._src.transform import zo_transform
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Method",
     "StepNoise",
     "ZOCall",
+    "computed_once",
     "mu_in_effect",
     "noise_zeros",
     "one_sided",

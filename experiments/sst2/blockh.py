@@ -205,8 +205,8 @@ class BlockCurvature(zm.Method):
     proj = jnp.where(finite, (lp - lm) / (2 * mu), 0)
     delta = ((lp + lm - 2 * l0) / (mu * mu)).astype(sd)
     ok = jnp.isfinite(delta) & hyper["mu_ok"]
-    # Materialised once, not copied into every leaf's pass (compile time).
-    proj = jax.lax.optimization_barrier(proj)
+    # Computed once, not copied into every leaf's pass (compile time).
+    proj = zm.computed_once(proj)
     s = jax.tree.leaves(state.s)
     g = [proj.astype(d.dtype) * d for d in (self.direction_leaf(noise, state, hyper,
                                                                 noise.words(0), i, p)
