@@ -24,7 +24,7 @@ differs between methods, and nothing else:
 * :meth:`Method.init` and :meth:`Method.in_effect`: the method's own state, and the
   numeric options in effect at a step (schedules evaluated, traced values sanitised).
 * :meth:`Method.prepare` (optional): the method's state as the step reads it (ZO-Muon's
-  and SubZero's subspaces, redrawn at the start of the steps that refresh them) and what
+  subspaces, redrawn at the start of the steps that refresh them) and what
   the step needs from the unperturbed params before the engine moves them in place
   (Sparse MeZO's masks), computed once per step and read by every pass and by the
   estimate.
@@ -232,8 +232,8 @@ class Method:
   # :meth:`direction_leaf`, each depending on the method's state) and a new state that no
   # product feeds; the engine checks the rest of the chain itself (engine.update._leafwise).
   serial_products: ClassVar[bool] = False
-  # Whether :meth:`prepare` gives a state other than the stored one (ZO-Muon's and SubZero's
-  # subspaces, redrawn on a refresh step). The engine then carries the prepared state
+  # Whether :meth:`prepare` gives a state other than the stored one (ZO-Muon's subspaces,
+  # redrawn on a refresh step). The engine then carries the prepared state
   # through its passes in place of the stored one, which nothing reads after, so XLA can
   # write one over the other (carried beside it: a second copy, 0.26 param bytes on
   # ZO-Muon's test model).

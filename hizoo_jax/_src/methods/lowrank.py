@@ -152,23 +152,22 @@ def resampled(noise_key: jax.Array, i: int, leaf, shape, salt: int = 0) -> jax.A
 
 
 def refreshed_subspaces(noise, flag: jax.Array, stored: tuple,
-                        draw: Callable[[jax.Array, int, Any], Any], salts: int = 1) -> tuple:
-  """Each matrix leaf's orthonormal factors at this step: ``stored[i]`` (None for a
-  vector), or on the steps that redraw them (``flag``), ``draw(keys, i, leaf)`` with
-  ``keys[s]`` leaf ``i``'s :func:`factor_key` of salt ``s``.
+                        draw: Callable[[jax.Array, int, Any], Any]) -> tuple:
+  """Each matrix leaf's orthonormal factor at this step: ``stored[i]`` (None for a vector),
+  or on the steps that redraw them (``flag``), ``draw(key, i, leaf)`` with ``key`` leaf
+  ``i``'s :func:`factor_key`.
 
-  A method's :meth:`~hizoo_jax._src.method.Method.prepare`: one ``lax.cond`` for every
-  leaf, traced once per step, whose passes and estimate read the result. (Drawn where
-  each pass reads a factor, the draws and the QR factorisations are traced into every
-  pass and into the update: three times over on ZO-Muon's MiniLM step, a quarter of its
-  first call's compile time.)"""
+  For a method's :meth:`~hizoo_jax._src.method.Method.prepare`: one ``lax.cond`` for every
+  leaf, traced once a step, the leaves' keys from one hash. (Drawn where each pass reads a
+  factor, the draws and the QR factorisations are traced into every pass and into the
+  update: three times over on ZO-Muon's MiniLM step, a third of its first call.)"""
   matrices = [i for i, x in enumerate(noise.leaves) if is_matrix(x)]
 
   def fresh():
-    keys = [factor_key(noise.noise_key, jnp.asarray(matrices), salt) for salt in range(salts)]
+    keys = factor_key(noise.noise_key, jnp.asarray(matrices))
     out = list(stored)
     for k, i in enumerate(matrices):
-      out[i] = draw([kk[k] for kk in keys], i, noise.leaves[i])
+      out[i] = draw(keys[k], i, noise.leaves[i])
     return tuple(out)
 
   if not matrices:

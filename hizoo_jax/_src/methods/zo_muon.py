@@ -135,9 +135,8 @@ class ZOMuon(m.Method):
     refresh it, before the passes that read it."""
     return ZOMuonState(p=lr.refreshed_subspaces(
         noise, hyper["resample"], state.p,
-        lambda keys, i, x: lr.orthonormal(
-            lr.gaussian(keys[0], self._shapes(i, x)[0], lr.factor_dtype(x)),
-            sign_fix=True))), None
+        lambda key, i, x: lr.orthonormal(
+            lr.gaussian(key, self._shapes(i, x)[0], lr.factor_dtype(x)), sign_fix=True))), None
 
   def direction_leaf(self, noise, state, hyper, words, i, leaf):
     if not lr.is_matrix(leaf):
