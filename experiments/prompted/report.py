@@ -78,6 +78,27 @@ def value_at(r: dict, budget: float) -> float | None:
   return float(last["ce"]) if np.isfinite(last["ce"]) else float("inf")
 
 
+def point_at(r: dict, budget: float) -> dict | None:
+  """The evaluation of run ``r`` that serves ``budget`` (:func:`value_at`'s), or None."""
+  if value_at(r, budget) is None:
+    return None
+  points = curve(r)
+  return [c for c in points if c["passes"] <= budget][-1] if r["schedule"] == "constant" \
+      else points[-1]
+
+
+def test_at(records: Iterable[dict], config_: tuple, budget: float) -> dict[int, float]:
+  """``{seed: test accuracy}`` of configuration ``config_``'s runs at ``budget``, for the
+  runs whose evaluation there scored the test file (``run.py --test``)."""
+  out = {}
+  for r in records:
+    if config(r) == config_:
+      at = point_at(r, budget)
+      if at is not None and "test" in at:
+        out[r["seed"]] = float(at["test"]["accuracy"])
+  return out
+
+
 def select(records: Iterable[dict], **where) -> list[dict]:
   return [r for r in records if all(r.get(k) == v for k, v in where.items())]
 
@@ -165,6 +186,7 @@ def summary(records: Sequence[dict], budget: float) -> list[dict]:
   arms = sorted({r["arm"] for r in records})
   mezo = tune(select(records, arm="mezo"), budget)
   ref = by_config(select(records, arm="mezo"), budget)[mezo[0]] if mezo else {}
+  ref_test = test_at(select(records, arm="mezo"), mezo[0], budget) if mezo else {}
   rows = []
   for arm in arms:
     runs = select(records, arm=arm)
@@ -178,6 +200,11 @@ def summary(records: Sequence[dict], budget: float) -> list[dict]:
                    "interior": interior(runs, best[0], b), "values": values,
                    "vs_mezo_B": paired(values, ref),
                    "vs_mezo_B_tuning": paired(values, ref, exclude=())}
+      test = test_at(runs, best[0], b)
+      if test:
+        # the test file chose nothing, so every seed that scored it counts
+        row[name]["test"] = test
+        row[name]["test_vs_mezo_B"] = paired(test, ref_test, exclude=())
     # passes to tuned MeZO's CE at B, of the configuration that gets there first (median
     # over the tuning seeds, then the seeds' passes in order: where no configuration gets
     # there on every seed, the one that does on most, soonest), whatever its own budget
@@ -214,6 +241,34 @@ def markdown(rows: Sequence[dict], budget: float) -> str:
     cells.append("" if hit is None else ", ".join(
         f"{v:g}" for _, v in sorted(hit["passes"].items())) + f" ({hit['label']})")
     lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def test_markdown(rows: Sequence[dict], budget: float) -> str:
+  """Test accuracy of each arm's configurations tuned at B and B/2, and each one's paired
+  difference with tuned MeZO at B (the seeds both scored), a Markdown table."""
+  def cell(r: dict | None) -> str:
+    if r is None or "test" not in r:
+      return ""
+    acc = list(r["test"].values())
+    return f"{np.mean(acc):.4f} ({len(acc)} seeds)"
+
+  def diff(r: dict | None) -> str:
+    p = None if r is None else r.get("test_vs_mezo_B")
+    if p is None:
+      return ""
+    if len(p["seeds"]) < 2:
+      return f"{100 * p['mean']:+.1f} (seed {p['seeds'][0]})"
+    return (f"{100 * p['mean']:+.1f} [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}; "
+            f"{100 * p['t_lo']:+.1f}, {100 * p['t_hi']:+.1f}] ({len(p['seeds'])} seeds)")
+
+  lines = ["| arm | test accuracy, tuned at B | minus MeZO at B, points (bootstrap; t 95%) | "
+           "test accuracy, tuned at B/2 | minus MeZO at B, points |", "|---|---|---|---|---|"]
+  for row in rows:
+    b, half = row.get("B"), row.get("B/2")
+    if not any(r is not None and "test" in r for r in (b, half)):
+      continue
+    lines.append(f"| {row['arm']} | {cell(b)} | {diff(b)} | {cell(half)} | {diff(half)} |")
   return "\n".join(lines)
 
 
@@ -281,9 +336,14 @@ BEGIN, END = "<!-- prompted-table -->", "<!-- /prompted-table -->"
 def page_block(records: Sequence[dict], budget: float) -> str:
   """The page's generated part: the summary, then every run at B/4 .. B."""
   n_seeds = len({r["seed"] for r in records})
+  rows = summary(records, budget)
+  tests = test_markdown(rows, budget)
   return "\n\n".join([
       f"{len(records)} runs recorded over {n_seeds} seeds.",
-      markdown(summary(records, budget), budget),
+      markdown(rows, budget),
+      *(["Test accuracy (GLUE dev, 872 sentences; zero-shot 0.752), scored at the "
+         "evaluation that serves each budget, on every seed that ran it:", tests]
+        if tests.count("\n") > 1 else []),
       "Validation CE (accuracy) of every run evaluated at a quarter of B or a multiple of it:",
       runs(records, budget)])
 
@@ -362,7 +422,10 @@ def main(argv=None) -> None:
                  "this measured.json (hizoo_jax/measured.json: hz.presets.measured)")
   a = p.parse_args(argv)
   records = read(a.table, start_layer=a.start_layer, k=a.k, batch_size=a.batch_size)
-  print(markdown(summary(records, a.budget), a.budget))
+  rows = summary(records, a.budget)
+  print(markdown(rows, a.budget))
+  print()
+  print(test_markdown(rows, a.budget))
   if a.runs:
     print()
     print(runs(records, a.budget))

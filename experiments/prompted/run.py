@@ -167,6 +167,11 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   step_fn = shared.make_step(a.arm, tx, loss_fn)
   opt_state = tx.init(params)
   every = max(1, a.steps // a.evals)
+  test_at = test_steps(a.steps, every) if a.test else ()
+  if test_at and a.start_layer:
+    ids, m, y = test
+    test = (layer_inputs(graphdef, params, frozen, ids, m,
+                         cache_path(a, "test", prefix, ids, m)), m, y)
   batch = min(a.batch_size, len(train[2]))
   losses = np.full((a.steps,), np.nan, np.float32)
   curve: list[dict] = []
@@ -207,6 +212,8 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
       curve.append({"step": s + 1, "passes": passes,
                     "train_loss": float(np.nanmean(losses[max(0, s + 1 - every):s + 1])),
                     **evaluate(params, frozen, *val)})
+      if s + 1 in test_at and not diverged(curve, a.diverged):
+        curve[-1]["test"] = evaluate(params, frozen, *test)
       print(f"{key}: {curve[-1]} ({np.median(times):.2f} s/step)", flush=True)
       ckpt.save(s + 1, {"params": params, "opt_state": opt_state, "losses": losses})
       with open(os.path.join(where, "curve.json"), "w") as fh:
@@ -235,13 +242,29 @@ def one_run(a: argparse.Namespace, lr: float, key: str) -> dict:
   if diverged_at is not None:
     record["diverged_at"] = diverged_at
   if a.test and diverged_at is None:
-    if a.start_layer:
-      ids, m, y = test
-      test = (layer_inputs(graphdef, params, frozen, ids, m,
-                           cache_path(a, "test", prefix, ids, m)), m, y)
-    record["test"] = evaluate(params, frozen, *test)
-    print(f"{key}: test {record['test']}", flush=True)
+    record["test"] = curve[-1]["test"]
+    print(f"{key}: test {[(c['passes'], c['test']) for c in curve if 'test' in c]}",
+          flush=True)
   return record
+
+
+def test_steps(steps: int, every: int) -> tuple[int, int]:
+  """The evaluations at which ``--test`` scores the test file: the one nearest half the run
+  (the budget B/2 of a constant-rate run of B) and the last."""
+  evals = [t for t in range(1, steps + 1) if t % every == 0 or t == steps]
+  return min(evals, key=lambda t: (abs(t - steps / 2), t)), steps
+
+
+def same_curve(recorded: list[dict], rerun: list[dict]) -> float:
+  """The largest difference of validation CE between a recorded run and its rerun, as the
+  table stores them (a run resumes and reruns bit for bit on one machine: anything but 0
+  means that it did not reproduce)."""
+  if [c["step"] for c in recorded] != [c["step"] for c in rerun]:
+    return float("inf")
+  rerun = table.compact(rerun)  # as the table stores it
+  d = [abs(x["ce"] - y["ce"]) for x, y in zip(recorded, rerun)
+       if np.isfinite(x["ce"]) or np.isfinite(y["ce"])]
+  return max(d, default=0.0)
 
 
 def main(argv=None) -> None:
@@ -257,7 +280,11 @@ def main(argv=None) -> None:
   p.add_argument("--steps", type=int, required=True)
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--evals", type=int, default=10, help="validation evaluations a run")
-  p.add_argument("--test", action="store_true", help="score dev.tsv at the end")
+  p.add_argument("--test", action="store_true",
+                 help="score dev.tsv at the evaluation nearest half the run and at the end; "
+                      "for a run already in the table without them, rerun it (into "
+                      "--ckpt-dir/test), check that it reproduces the recorded validation "
+                      "curve and record it again with them")
   p.add_argument("--table", default=TABLE)
   p.add_argument("--ckpt-dir", default=CKPT)
   p.add_argument("--data", default=DATA, help="GLUE SST-2 directory")
@@ -285,13 +312,23 @@ def main(argv=None) -> None:
     p.error(f"--options are keywords of {', '.join(shared.NEW_METHODS)}; {a.arm} takes none "
             "(--alpha and --mu are its settings)")
   a.model = a.model or llama.smollm2_gguf_path()
-  done = {r["key"] for r in table.read(a.table)} if os.path.exists(a.table) else set()
+  done = table.index(a.table)
   for lr in shared.parse_list(a.lr, float):
     key = run_key(a, lr)
-    if key in done:
+    recorded = done.get(key)
+    if recorded is not None and not (a.test and "test" not in recorded
+                                     and "diverged_at" not in recorded):
       print(f"{key}: in {a.table}, skipped")
       continue
-    record = one_run(a, lr, key)
+    run_args = a
+    if recorded is not None:  # rerun to add the test scores, in a checkpoint of its own
+      run_args = argparse.Namespace(**{**vars(a), "ckpt_dir": os.path.join(a.ckpt_dir, "test")})
+    record = one_run(run_args, lr, key)
+    if record and recorded is not None:
+      record["rerun_max_ce_diff"] = same_curve(recorded["curve"], record["curve"])
+      if record["rerun_max_ce_diff"] > 1e-6:  # another machine may round differently
+        raise RuntimeError(f"{key}: the rerun's validation curve departs from the recorded "
+                           f"one by {record['rerun_max_ce_diff']:.3g} in CE; not recorded")
     if record:
       table.append(a.table, record)
 

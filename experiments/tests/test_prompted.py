@@ -36,6 +36,9 @@ assert not os.path.exists(os.path.join(tmp, "a.jsonl.gz"))
 run.main(a)
 run.main(b)
 run.main(a)
+a_untested = table.find(os.path.join(tmp, "a.jsonl.gz"), "mezo-lora-k4-s0-lr0.03-constant-T6-b4")
+run.main(a + ["--test"])  # recorded without the test: rerun, checked, recorded again
+run.main(a + ["--test"])  # now recorded with it: skipped
 c = common + ["--table", os.path.join(tmp, "c.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "cc"),
               "--start-layer", "1", "--cache-dir", os.path.join(tmp, "cache"), "--test"]
 run.main(c)
@@ -55,6 +58,7 @@ for name in "ef":
 run.main(common + ["--diverged", "0.5", "--evals", "3", "--table", os.path.join(tmp, "g.jsonl.gz"),
                    "--ckpt-dir", os.path.join(tmp, "cg")])
 out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in "abcdefg"}}
+out["a_untested"] = a_untested
 out["cache"] = sorted(os.listdir(os.path.join(tmp, "cache")))
 json.dump(out, open(os.path.join(tmp, "out.json"), "w"))
 """
@@ -71,16 +75,25 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert proc.stdout.count("resumed at step 3") == 1, proc.stdout[-3000:]
   assert proc.stdout.count("resumed at step 6") == 1, proc.stdout[-3000:]
-  assert proc.stdout.count("skipped") == 1, proc.stdout[-3000:]
+  assert proc.stdout.count("skipped") == 2, proc.stdout[-3000:]
   out = json.loads((tmp_path / "out.json").read_text())
   a, b = out["a"], out["b"]
   assert [r["key"] for r in a] == [r["key"] for r in b] == ["mezo-lora-k4-s0-lr0.03-constant-T6-b4"]
+  untested = out["a_untested"]
+  assert "test" not in untested and untested["curve"] == b[0]["curve"]
   for ra, rb in zip(a, b, strict=True):
-    assert ra["losses"] == rb["losses"] and ra["curve"] == rb["curve"]
+    assert ra["losses"] == rb["losses"]
+    # the rerun for the test reproduced the recorded run and scored the test file at the
+    # evaluation nearest half the run and at its end, nowhere else
+    assert ra["rerun_max_ce_diff"] == 0.0
+    assert [{k: v for k, v in c.items() if k != "test"} for c in ra["curve"]] == rb["curve"]
+    assert [c["step"] for c in ra["curve"] if "test" in c] == [3, 6]
+    assert ra["test"] == ra["curve"][-1]["test"] and set(ra["test"]) == {"accuracy", "ce"}
+    assert ra["curve"][1]["test"] != ra["test"]
     assert [c["step"] for c in ra["curve"]] == [0, 3, 6]
     assert [c["passes"] for c in ra["curve"]] == [0, 6, 12]  # MeZO: two passes a step
     assert ra["val_per_class"] == 128 and ra["batch_size"] == 4 and ra["rows"] == "all"
-    assert "test" not in ra
+    assert "test" not in rb
   # From layer 1 (layer 0's outputs computed once and kept): the same validation at step 0
   # (float32, another program), a record of its own, the test set scored at the end.
   (c,) = out["c"]
@@ -140,6 +153,23 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
   assert rows["fzoo"]["B/2"]["vs_mezo_B_tuning"]["seeds"] == [0, 1, 2, 3]
   table = report.markdown(list(rows.values()), 400)
   assert "fzoo" in table and "-0.0400, -0.0600" in table
+  assert "test" not in rows["fzoo"]["B/2"]
+  assert report.test_markdown(list(rows.values()), 400).count("\n") == 1
+  # test accuracy where the serving evaluation scored it: every seed, paired with MeZO's at B
+  for r in records:
+    if r["arm"] == "mezo" and r["lr"] == 3e-3 and r["steps"] == 4:
+      r["curve"][2]["test"] = {"accuracy": 0.70, "ce": 0.6}
+      r["curve"][4]["test"] = {"accuracy": 0.80 + 0.01 * r["seed"], "ce": 0.5}
+    if r["arm"] == "fzoo":
+      r["curve"][-1]["test"] = {"accuracy": 0.84 - 0.01 * r["seed"], "ce": 0.5}
+  rows = {r["arm"]: r for r in report.summary(records, 400)}
+  assert rows["mezo"]["B"]["test"] == {s: 0.80 + 0.01 * s for s in seeds}
+  assert rows["mezo"]["B/2"]["test"] == {s: 0.70 for s in seeds}
+  p = rows["fzoo"]["B/2"]["test_vs_mezo_B"]
+  assert p["seeds"] == [0, 1, 2, 3] and np.allclose(p["diffs"], [0.04, 0.02, 0.0, -0.02])
+  assert "B" not in rows["fzoo"]  # a 200-pass cosine run serves B/2 only
+  tests = report.test_markdown(list(rows.values()), 400)
+  assert "| fzoo |  |  | 0.8250 (4 seeds) | +1.0 [" in tests, tests
   # passes to tuned MeZO's CE at 400 (0.50, 0.51, 0.52, 0.53 by seed)
   assert rows["fzoo"]["reach"]["passes"] == {0: 200.0, 1: 200.0, 2: 100.0, 3: 100.0}
   assert rows["mezo"]["reach"]["passes"][0] == 400.0
