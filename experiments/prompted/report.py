@@ -301,9 +301,20 @@ def figure(records: Sequence[dict], path: str, budget: float) -> None:
 
   arms = sorted({r["arm"] for r in records})
   colours = dict(zip(arms, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-  fig, axes = plt.subplots(1, len(TUNING_SEEDS), figsize=(6 * len(TUNING_SEEDS), 4.5),
-                           sharey=True, squeeze=False)
-  for ax, seed in zip(axes[0], TUNING_SEEDS, strict=True):
+  confirmed = confirmed_curves(records, budget)
+  panels = len(TUNING_SEEDS) + bool(confirmed)
+  fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), sharey=True, squeeze=False)
+  if confirmed:
+    ax = axes[0][-1]
+    for (arm, name), (passes, ces) in confirmed.items():
+      ax.plot(passes, ces.mean(0), marker="o", ms=3, color=colours[arm],
+              label=f"{name} (mean of {len(ces)} seeds)")
+      ax.fill_between(passes, ces.min(0), ces.max(0), color=colours[arm], alpha=0.15)
+    ax.set_title("configurations tuned at B, every seed run (band: min to max)")
+    ax.set_xlabel("forward passes")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  for ax, seed in zip(axes[0], TUNING_SEEDS, strict=False):
     for arm in arms:
       runs = select(records, arm=arm, seed=seed)
       rates = sorted({r["lr"] for r in runs})
@@ -328,6 +339,29 @@ def figure(records: Sequence[dict], path: str, budget: float) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def confirmed_curves(records: Sequence[dict], budget: float
+                     ) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+  """``{(arm, label): (passes, CE by seed and evaluation)}`` of each arm's configuration tuned
+  at ``budget``, where it has run beyond the tuning seeds: the evaluations every seed's run
+  has, up to the budget (a seed's NaN after it diverged makes the mean stop there)."""
+  out = {}
+  for row in summary(records, budget):
+    b = row.get("B")
+    if b is None or not set(b["values"]) - set(TUNING_SEEDS):
+      continue
+    runs = {}
+    for r in records:
+      if config(r) == b["config"]:
+        points = [c for c in curve(r) if c["passes"] <= budget]
+        if r["seed"] not in runs or len(points) > len(runs[r["seed"]]):
+          runs[r["seed"]] = points
+    n = min(len(p) for p in runs.values())
+    passes = np.array([c["passes"] for c in next(iter(runs.values()))[:n]], np.float64)
+    ces = np.array([[c["ce"] for c in runs[s][:n]] for s in sorted(runs)], np.float64)
+    out[(row["arm"], b["label"])] = (passes, ces)
+  return out
 
 
 BEGIN, END = "<!-- prompted-table -->", "<!-- /prompted-table -->"

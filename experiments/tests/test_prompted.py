@@ -117,7 +117,7 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
   assert np.isnan(g["losses"][2:]).all() and np.isfinite(g["losses"][:2]).all()
 
 
-def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
+def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds(tmp_path):
   """Constant-rate runs serve every budget they reach, scheduled runs only their own; the
   configuration is chosen by the tuning seeds' mean (a diverged run never wins); the
   comparison with MeZO pairs the other seeds."""
@@ -170,6 +170,13 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds():
   assert "B" not in rows["fzoo"]  # a 200-pass cosine run serves B/2 only
   tests = report.test_markdown(list(rows.values()), 400)
   assert "| fzoo |  |  | 0.8250 (4 seeds) | +1.0 [" in tests, tests
+  # the figure's panel of the configurations tuned at B that ran beyond the tuning seeds:
+  # MeZO's four seeds (seed 0's longest run), not FZOO (no configuration at B)
+  ((arm, _), (passes, ces)), = report.confirmed_curves(records, 400).items()
+  assert arm == "mezo" and passes.tolist() == [0, 100, 200, 300, 400] and ces.shape == (4, 5)
+  assert np.allclose(ces[:, -1], [0.5, 0.51, 0.52, 0.53])
+  report.figure(records, str(tmp_path / "f.png"), 400)
+  assert (tmp_path / "f.png").stat().st_size > 10_000
   # passes to tuned MeZO's CE at 400 (0.50, 0.51, 0.52, 0.53 by seed)
   assert rows["fzoo"]["reach"]["passes"] == {0: 200.0, 1: 200.0, 2: 100.0, 3: 100.0}
   assert rows["mezo"]["reach"]["passes"][0] == 400.0
