@@ -37,8 +37,10 @@ run.main(a)
 run.main(b)
 run.main(a)
 a_untested = table.find(os.path.join(tmp, "a.jsonl.gz"), "mezo-lora-k4-s0-lr0.03-constant-T6-b4")
-run.main(a + ["--test"])  # recorded without the test: rerun, checked, recorded again
-run.main(a + ["--test"])  # now recorded with it: skipped
+run.main(a + ["--test"])  # recorded without the test: scored at its last checkpoint
+a_end = table.find(os.path.join(tmp, "a.jsonl.gz"), "mezo-lora-k4-s0-lr0.03-constant-T6-b4")
+run.main(a + ["--test", "--rerun"])  # rerun, checked, recorded again with both points
+run.main(a + ["--test", "--rerun"])  # now recorded with both: skipped
 c = common + ["--table", os.path.join(tmp, "c.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "cc"),
               "--start-layer", "1", "--cache-dir", os.path.join(tmp, "cache"), "--test"]
 run.main(c)
@@ -59,6 +61,7 @@ run.main(common + ["--diverged", "0.5", "--evals", "3", "--table", os.path.join(
                    "--ckpt-dir", os.path.join(tmp, "cg")])
 out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in "abcdefg"}}
 out["a_untested"] = a_untested
+out["a_end"] = a_end
 out["cache"] = sorted(os.listdir(os.path.join(tmp, "cache")))
 json.dump(out, open(os.path.join(tmp, "out.json"), "w"))
 """
@@ -74,13 +77,21 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert proc.stdout.count("resumed at step 3") == 1, proc.stdout[-3000:]
-  assert proc.stdout.count("resumed at step 6") == 1, proc.stdout[-3000:]
+  # the 8-step run from the 6-step one's checkpoint, and the test scored at that checkpoint
+  assert proc.stdout.count("resumed at step 6") == 2, proc.stdout[-3000:]
+  assert proc.stdout.count("test at its last checkpoint") == 1, proc.stdout[-3000:]
   assert proc.stdout.count("skipped") == 2, proc.stdout[-3000:]
   out = json.loads((tmp_path / "out.json").read_text())
   a, b = out["a"], out["b"]
   assert [r["key"] for r in a] == [r["key"] for r in b] == ["mezo-lora-k4-s0-lr0.03-constant-T6-b4"]
   untested = out["a_untested"]
   assert "test" not in untested and untested["curve"] == b[0]["curve"]
+  # scored at its last checkpoint: the end only, the same scores as the rerun's end below
+  end = out["a_end"]
+  assert end["test_from"] == "last checkpoint" and end["losses"] == untested["losses"]
+  assert [c["step"] for c in end["curve"] if "test" in c] == [6]
+  assert end["test"] == a[0]["test"] == end["curve"][-1]["test"]
+  assert [{k: v for k, v in c.items() if k != "test"} for c in end["curve"]] == b[0]["curve"]
   for ra, rb in zip(a, b, strict=True):
     assert ra["losses"] == rb["losses"]
     # the rerun for the test reproduced the recorded run and scored the test file at the
