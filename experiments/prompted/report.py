@@ -217,50 +217,62 @@ def summary(records: Sequence[dict], budget: float) -> list[dict]:
   return rows
 
 
+def _seeds(n: int) -> str:
+  return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def _paired_cell(p: dict | None, scale: float = 1.0, digits: int = 4) -> str:
+  """A paired difference: its mean, bootstrap and t intervals, and each seed's."""
+  if p is None:
+    return ""
+  f = lambda x: f"{scale * x:+.{digits}f}"  # noqa: E731
+  by_seed = ", ".join(f(x) for x in p["diffs"])
+  if len(p["seeds"]) < 2:
+    return f"{f(p['mean'])} (seed {p['seeds'][0]})"
+  return (f"{f(p['mean'])} [{f(p['lo'])}, {f(p['hi'])}; {f(p['t_lo'])}, {f(p['t_hi'])}] "
+          f"(seeds {', '.join(map(str, p['seeds']))}: {by_seed})")
+
+
 def markdown(rows: Sequence[dict], budget: float) -> str:
   """The summary as a Markdown table."""
-  lines = [f"| arm | tuned at B = {budget:g} passes | CE at B | tuned at B/2 | CE at B/2 | "
-           "B/2 minus MeZO at B, confirming seeds (bootstrap; t 95%) | "
-           "passes to MeZO's CE at B |", "|---|---|---|---|---|---|---|"]
+  lines = [f"| arm | tuned at B = {budget:g} passes | CE at B | B minus MeZO at B, confirming "
+           "seeds (bootstrap; t 95%) | tuned at B/2 | CE at B/2 | B/2 minus MeZO at B | "
+           "passes to MeZO's CE at B |", "|---|---|---|---|---|---|---|---|"]
   for row in rows:
     cells = [row["arm"]]
     for name in ("B", "B/2"):
       if name not in row:
-        cells += ["", ""]
+        cells += ["", "", ""]
         continue
       r = row[name]
       flag = "" if r["interior"] else " (edge)"
+      reference = row["arm"] == "mezo" and name == "B"
       cells += [r["label"] + flag,
-                f"{np.mean(list(r['values'].values())):.4f} ({len(r['values'])} seeds)"]
-    p = row.get("B/2", {}).get("vs_mezo_B")
-    cells.append("" if p is None else
-                 f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}; {p['t_lo']:+.4f}, "
-                 f"{p['t_hi']:+.4f}] (seeds {', '.join(map(str, p['seeds']))}: "
-                 f"{', '.join(f'{x:+.4f}' for x in p['diffs'])})")
+                f"{np.mean(list(r['values'].values())):.4f} ({_seeds(len(r['values']))})",
+                "(the reference)" if reference else _paired_cell(r["vs_mezo_B"])]
     hit = row.get("reach")
-    cells.append("" if hit is None else ", ".join(
-        f"{v:g}" for _, v in sorted(hit["passes"].items())) + f" ({hit['label']})")
+    if hit is not None and all(np.isinf(list(hit["passes"].values()))):
+      cells.append("not within B")
+    else:
+      cells.append("" if hit is None else ", ".join(
+          f"{v:g}" for _, v in sorted(hit["passes"].items())) + f" ({hit['label']})")
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
 def test_markdown(rows: Sequence[dict], budget: float) -> str:
   """Test accuracy of each arm's configurations tuned at B and B/2, and each one's paired
-  difference with tuned MeZO at B (the seeds both scored), a Markdown table."""
+  difference with tuned MeZO at B in points (the seeds both scored), a Markdown table."""
   def cell(r: dict | None) -> str:
     if r is None or "test" not in r:
       return ""
     acc = list(r["test"].values())
-    return f"{np.mean(acc):.4f} ({len(acc)} seeds)"
+    return f"{np.mean(acc):.4f} ({_seeds(len(acc))})"
 
-  def diff(r: dict | None) -> str:
-    p = None if r is None else r.get("test_vs_mezo_B")
-    if p is None:
-      return ""
-    if len(p["seeds"]) < 2:
-      return f"{100 * p['mean']:+.1f} (seed {p['seeds'][0]})"
-    return (f"{100 * p['mean']:+.1f} [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}; "
-            f"{100 * p['t_lo']:+.1f}, {100 * p['t_hi']:+.1f}] ({len(p['seeds'])} seeds)")
+  def diff(r: dict | None, reference: bool = False) -> str:
+    if reference:
+      return "(the reference)"
+    return "" if r is None else _paired_cell(r.get("test_vs_mezo_B"), 100, 1)
 
   lines = ["| arm | test accuracy, tuned at B | minus MeZO at B, points (bootstrap; t 95%) | "
            "test accuracy, tuned at B/2 | minus MeZO at B, points |", "|---|---|---|---|---|"]
@@ -268,7 +280,8 @@ def test_markdown(rows: Sequence[dict], budget: float) -> str:
     b, half = row.get("B"), row.get("B/2")
     if not any(r is not None and "test" in r for r in (b, half)):
       continue
-    lines.append(f"| {row['arm']} | {cell(b)} | {diff(b)} | {cell(half)} | {diff(half)} |")
+    lines.append(f"| {row['arm']} | {cell(b)} | {diff(b, row['arm'] == 'mezo')} | "
+                 f"{cell(half)} | {diff(half)} |")
   return "\n".join(lines)
 
 
@@ -424,8 +437,20 @@ def measured_settings(records: Sequence[dict], budget: float) -> dict[str, dict]
     kw = {"learning_rate": lr, "mu": mu}
     if alpha is not None:
       kw["hessian_smoothing"] = alpha
+    if arm == "fzoo" and "num_directions" not in dict(opts):
+      # the probes it ran with, pinned: a step is one pass more than its probes
+      kw["num_directions"] = passes_per_step(records, b["config"]) - 1
     out[arm] = {**kw, **dict(opts)}
   return out
+
+
+def passes_per_step(records: Sequence[dict], config_: tuple) -> int:
+  """Forward passes a step of configuration ``config_``'s runs (the same in every run)."""
+  rates = {round(c["passes"] / c["step"]) for r in records if config(r) == config_
+           for c in r["curve"] if c["step"] and np.isfinite(c["ce"])}
+  if len(rates) != 1:
+    raise ValueError(f"{label(config_)}: passes a step {sorted(rates)}, not one number")
+  return rates.pop()
 
 
 def write_measured(path: str, methods: dict[str, dict], budget: float) -> None:

@@ -248,6 +248,43 @@ def test_run_keys_name_every_setting_that_changes_the_run():
   assert len(set(itertools.chain(base, changes))) == len(base)
 
 
+def test_the_measured_prompted_settings_are_the_tables_selection():
+  """``hz.presets.MEASURED``'s prompted-LLM task is what the committed table selects
+  (``report --measured``), and each setting builds its method."""
+  import jax.numpy as jnp
+
+  import hizoo_jax as hz
+  from experiments.prompted import report
+
+  records = report.read()
+  assert dict(hz.presets.MEASURED[report.MEASURED_TASK]) == report.measured_settings(
+      records, 400)
+  assert set(hz.presets.MEASURED[report.MEASURED_TASK]) >= {"mezo", "fzoo", "hizoo"}
+  params = {"w": jnp.ones((8, 8), jnp.float32)}
+  for method in hz.presets.MEASURED[report.MEASURED_TASK]:
+    assert hz.presets.measured(method, report.MEASURED_TASK).init(params) is not None
+
+
+def test_the_llm_examples_defaults_are_the_measured_settings():
+  """``examples/finetune_llm.py`` trains LoRA at the table's setting of each method it holds
+  (options included) and falls back to the pilot's rates elsewhere."""
+  import hizoo_jax as hz
+  from experiments.prompted import report
+
+  sys.path.insert(0, os.path.join(ROOT, "examples"))
+  import finetune_llm
+
+  measured = hz.presets.MEASURED[report.MEASURED_TASK]
+  got = finetune_llm.default_setting("mezo", "lora")
+  assert got["lr"] == measured["mezo"]["learning_rate"] and got["mu"] == measured["mezo"]["mu"]
+  assert got["source"] == report.MEASURED_TASK and got["options"] == {}
+  got = finetune_llm.default_setting("fzoo", "lora")
+  assert got["options"] == {"num_directions": 8}
+  assert finetune_llm.default_setting("hizoo", "lora")["alpha"] == 1e-6
+  got = finetune_llm.default_setting("mezo", "ft")
+  assert got["source"] == "pilot" and got["lr"] == finetune_llm.DEFAULT_LR[("ft", "zo")]
+
+
 def test_report_writes_its_task_into_a_measured_json_and_keeps_the_others(tmp_path):
   import json
   import shutil
@@ -257,6 +294,7 @@ def test_report_writes_its_task_into_a_measured_json_and_keeps_the_others(tmp_pa
   path = tmp_path / "measured.json"
   shutil.copy(os.path.join(ROOT, "hizoo_jax", "measured.json"), path)
   before = json.loads(path.read_text())
+  before["tasks"].pop(report.MEASURED_TASK, None)  # replaced whole, the others kept
   settings = {"mezo": {"learning_rate": 1e-3, "mu": 1e-2},
               "hizoo": {"learning_rate": 1e-3, "mu": 1e-2, "hessian_smoothing": 1e-6}}
   report.write_measured(str(path), settings, 400)
