@@ -87,15 +87,17 @@ def point_at(r: dict, budget: float) -> dict | None:
       else points[-1]
 
 
-def test_at(records: Iterable[dict], config_: tuple, budget: float) -> dict[int, float]:
-  """``{seed: test accuracy}`` of configuration ``config_``'s runs at ``budget``, for the
-  runs whose evaluation there scored the test file (``run.py --test``)."""
+def test_at(records: Iterable[dict], config_: tuple, budget: float,
+            metric: str = "accuracy") -> dict[int, float]:
+  """``{seed: test accuracy}`` (or ``metric``: ``"ce"``) of configuration ``config_``'s runs
+  at ``budget``, for the runs whose evaluation there scored the test file (``run.py
+  --test``)."""
   out = {}
   for r in records:
     if config(r) == config_:
       at = point_at(r, budget)
       if at is not None and "test" in at:
-        out[r["seed"]] = float(at["test"]["accuracy"])
+        out[r["seed"]] = float(at["test"][metric])
   return out
 
 
@@ -204,6 +206,7 @@ def summary(records: Sequence[dict], budget: float) -> list[dict]:
       if test:
         # the test file chose nothing, so every seed that scored it counts
         row[name]["test"] = test
+        row[name]["test_ce"] = test_at(runs, best[0], b, "ce")
         row[name]["test_vs_mezo_B"] = paired(test, ref_test, exclude=())
     # passes to tuned MeZO's CE at B, of the configuration that gets there first (median
     # over the tuning seeds, then the seeds' passes in order: where no configuration gets
@@ -267,7 +270,8 @@ def test_markdown(rows: Sequence[dict], budget: float) -> str:
     if r is None or "test" not in r:
       return ""
     acc = list(r["test"].values())
-    return f"{np.mean(acc):.4f} ({_seeds(len(acc))})"
+    ce = np.mean(list(r["test_ce"].values()))
+    return f"{np.mean(acc):.4f} (CE {ce:.4f}; {_seeds(len(acc))})"
 
   def diff(r: dict | None, reference: bool = False) -> str:
     if reference:

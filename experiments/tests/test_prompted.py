@@ -180,7 +180,7 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds(tmp_pa
   assert p["seeds"] == [0, 1, 2, 3] and np.allclose(p["diffs"], [0.04, 0.02, 0.0, -0.02])
   assert "B" not in rows["fzoo"]  # a 200-pass cosine run serves B/2 only
   tests = report.test_markdown(list(rows.values()), 400)
-  assert "| fzoo |  |  | 0.8250 (4 seeds) | +1.0 [" in tests, tests
+  assert "| fzoo |  |  | 0.8250 (CE 0.5000; 4 seeds) | +1.0 [" in tests, tests
   # the figure's panel of the configurations tuned at B that ran beyond the tuning seeds:
   # MeZO's four seeds (seed 0's longest run), not FZOO (no configuration at B)
   ((arm, _), (passes, ces)), = report.confirmed_curves(records, 400).items()
