@@ -232,7 +232,8 @@ def _load_measured() -> Mapping[str, Mapping[str, Mapping[str, Any]]]:
 
 MEASURED = _load_measured()
 """Each method's learning rate and key options as the forward-pass matched benchmark
-selected them, per task (``"digits"``, ``"sst2_ft"``, ``"sst2_lora"``), read from the package's
+selected them, per task (``"digits"``, ``"sst2_ft"``, ``"sst2_lora"`` and the prompted LLM's
+``"smollm2_prompted_lora"``), read from the package's
 ``measured.json``, which says for each task what was measured and how the setting was
 chosen. They are starting points for the same kind of model and budget, not universal
 rates: the best rate moves with the model, the batch and the budget. Use it through
@@ -251,7 +252,7 @@ def measured(method: str, task: str = "sst2_ft", **options: Any
 
   Args:
     method: a method measured on ``task`` (``MEASURED[task]``'s keys).
-    task: ``"digits"``, ``"sst2_ft"`` or ``"sst2_lora"``.
+    task: ``"digits"``, ``"sst2_ft"``, ``"sst2_lora"`` or ``"smollm2_prompted_lora"``.
     **options: keywords of ``hz.<method>`` that replace the measured ones (``seed``,
       ``learning_rate``, ...).
   """

@@ -559,10 +559,14 @@ def test_measured_presets_are_the_benchmarks_selection():
   import hizoo_jax as hz
   from experiments.choose import report
 
+  from experiments.prompted import report as prompted
+
   results = os.path.join(os.path.dirname(run.__file__), "results")
-  assert set(hz.presets.MEASURED) == set(MEASURED_SOURCES)
+  # the prompted-LLM table's task: experiments/tests/test_prompted.py
+  assert set(hz.presets.MEASURED) == {*MEASURED_SOURCES, prompted.MEASURED_TASK}
   params = {"w": jnp.ones((8, 8), jnp.float32), "b": jnp.zeros((8,), jnp.float32)}
-  for task, methods in hz.presets.MEASURED.items():
+  for task in MEASURED_SOURCES:
+    methods = hz.presets.MEASURED[task]
     harness_task, sources = MEASURED_SOURCES[task]
     assert set(methods) == set(sources), task
     for method, preset in methods.items():
