@@ -283,7 +283,7 @@ def same_curve(recorded: list[dict], rerun: list[dict]) -> float:
   if [c["step"] for c in recorded] != [c["step"] for c in rerun]:
     return float("inf")
   rerun = table.compact(rerun)  # as the table stores it
-  d = [abs(x["ce"] - y["ce"]) for x, y in zip(recorded, rerun)
+  d = [abs(x["ce"] - y["ce"]) for x, y in zip(recorded, rerun, strict=True)
        if np.isfinite(x["ce"]) or np.isfinite(y["ce"])]
   return max(d, default=0.0)
 

@@ -558,7 +558,6 @@ def test_measured_presets_are_the_benchmarks_selection():
 
   import hizoo_jax as hz
   from experiments.choose import report
-
   from experiments.prompted import report as prompted
 
   results = os.path.join(os.path.dirname(run.__file__), "results")
