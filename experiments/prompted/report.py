@@ -441,9 +441,11 @@ def measured_settings(records: Sequence[dict], budget: float) -> dict[str, dict]
     kw = {"learning_rate": lr, "mu": mu}
     if alpha is not None:
       kw["hessian_smoothing"] = alpha
-    if arm == "fzoo" and "num_directions" not in dict(opts):
+    if arm in ("fzoo", "zo_muon") and "num_directions" not in dict(opts):
       # the probes it ran with, pinned: a step is one pass more than its probes
       kw["num_directions"] = passes_per_step(records, b["config"]) - 1
+    if arm == "zo_muon" and "layout" not in dict(opts):
+      kw["layout"] = "flax"  # the side its runs took (the library's default when they ran)
     out[arm] = {**kw, **dict(opts)}
   return out
 
