@@ -60,31 +60,26 @@ def curve(r: dict) -> list[dict]:
   return [{**c, "passes": ADAM_PASSES_PER_STEP * c["step"]} for c in r["curve"]]
 
 
-def value_at(r: dict, budget: float) -> float | None:
-  """Validation CE of run ``r`` at ``budget`` passes, or None if it does not serve it: a
+def point_at(r: dict, budget: float) -> dict | None:
+  """The evaluation of run ``r`` that serves ``budget`` passes, or None if none does: a
   constant-rate run's last evaluation within the budget, if that is at least 95% of it; a
-  scheduled run's final evaluation, if the schedule ended within 5% of the budget. A
-  non-finite CE (a diverged run) counts as infinite."""
+  scheduled run's final evaluation, if the schedule ended within 5% of the budget."""
   points = curve(r)
   if r["schedule"] == "constant":
     within = [c for c in points if c["passes"] <= budget]
-    last = within[-1] if within else None
-    if last is None or last["passes"] < 0.95 * budget:
+    if not within or within[-1]["passes"] < 0.95 * budget:
       return None
-  else:
-    last = points[-1]
-    if abs(last["passes"] - budget) > 0.05 * budget:
-      return None
-  return float(last["ce"]) if np.isfinite(last["ce"]) else float("inf")
+    return within[-1]
+  return points[-1] if abs(points[-1]["passes"] - budget) <= 0.05 * budget else None
 
 
-def point_at(r: dict, budget: float) -> dict | None:
-  """The evaluation of run ``r`` that serves ``budget`` (:func:`value_at`'s), or None."""
-  if value_at(r, budget) is None:
+def value_at(r: dict, budget: float) -> float | None:
+  """Validation CE of run ``r`` at ``budget`` passes (:func:`point_at`'s evaluation), or None;
+  a non-finite CE (a diverged run) counts as infinite."""
+  last = point_at(r, budget)
+  if last is None:
     return None
-  points = curve(r)
-  return [c for c in points if c["passes"] <= budget][-1] if r["schedule"] == "constant" \
-      else points[-1]
+  return float(last["ce"]) if np.isfinite(last["ce"]) else float("inf")
 
 
 def test_at(records: Iterable[dict], config_: tuple, budget: float,
