@@ -315,7 +315,7 @@ def figure(records: Sequence[dict], path: str, budget: float) -> None:
   colours = dict(zip(arms, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
   confirmed = confirmed_curves(records, budget)
   panels = len(TUNING_SEEDS) + bool(confirmed)
-  fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), sharey=True, squeeze=False)
+  fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 8.5), sharey=True, squeeze=False)
   if confirmed:
     ax = axes[0][-1]
     for (arm, name), (passes, ces) in confirmed.items():
@@ -346,7 +346,9 @@ def figure(records: Sequence[dict], path: str, budget: float) -> None:
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
-    ax.legend(unique.values(), unique.keys(), fontsize=7)
+    # below the panel: the runs' lines fill it
+    ax.legend(unique.values(), unique.keys(), fontsize=7, ncol=2, loc="upper center",
+              bbox_to_anchor=(0.5, -0.14))
   axes[0][0].set_ylabel("validation cross-entropy")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -379,13 +381,26 @@ def confirmed_curves(records: Sequence[dict], budget: float
 BEGIN, END = "<!-- prompted-table -->", "<!-- /prompted-table -->"
 
 
+def compute(records: Sequence[dict]) -> str:
+  """What the recorded runs cost: core-hours of training steps (each run's seconds a step,
+  on one core, times its steps) and the evaluations besides them."""
+  hours = sum(r["sec_per_step"] * r["steps"] for r in records) / 3600
+  evals = sum(len(r["curve"]) for r in records)
+  tests = sum("test" in c for r in records for c in r["curve"])
+  sentences = {2 * r["val_per_class"] for r in records}
+  return (f"{len(records)} runs recorded over {len({r['seed'] for r in records})} seeds: "
+          f"{hours:.1f} core-hours of training steps (each run's seconds a step on one core "
+          f"times its steps), {evals} evaluations of "
+          f"{' or '.join(map(str, sorted(sentences)))} validation sentences and {tests} of "
+          "the test file's 872 besides.")
+
+
 def page_block(records: Sequence[dict], budget: float) -> str:
   """The page's generated part: the summary, then every run at B/4 .. B."""
-  n_seeds = len({r["seed"] for r in records})
   rows = summary(records, budget)
   tests = test_markdown(rows, budget)
   return "\n\n".join([
-      f"{len(records)} runs recorded over {n_seeds} seeds.",
+      compute(records),
       markdown(rows, budget),
       *(["Test accuracy (GLUE dev, 872 sentences; zero-shot 0.752), scored at the "
          "evaluation that serves each budget, on every seed that ran it:", tests]
@@ -439,10 +454,15 @@ def measured_settings(records: Sequence[dict], budget: float) -> dict[str, dict]
     if arm in ("fzoo", "zo_muon") and "num_directions" not in dict(opts):
       # the probes it ran with, pinned: a step is one pass more than its probes
       kw["num_directions"] = passes_per_step(records, b["config"]) - 1
-    if arm == "zo_muon" and "layout" not in dict(opts):
-      kw["layout"] = "flax"  # the side its runs took (the library's default when they ran)
-    out[arm] = {**kw, **dict(opts)}
+    out[arm] = {**kw, **RUN_DEFAULTS.get(arm, {}), **dict(opts)}
   return out
+
+
+# The library defaults the table's runs took where their records name no option (they do not
+# store resolved options), pinned so that a later change of default leaves the measured
+# setting the one that ran.
+RUN_DEFAULTS = {"zo_muon": {"layout": "flax"},
+                "lozo": {"layout": "flax", "resample_every": 50}}
 
 
 def passes_per_step(records: Sequence[dict], config_: tuple) -> int:

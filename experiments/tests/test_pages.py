@@ -246,3 +246,46 @@ def test_prompted_page_is_the_prompted_table():
   assert block == report.page_block(report.read(), 400).strip(), (
       "regenerate it: python -m experiments.prompted.report --page docs/results/prompted.md")
   assert f"figures/{figures.PROMPTED}" in text and figures.PROMPTED in figures.files()
+
+
+def _section(text: str, heading: str) -> str:
+  """A page's section under ``heading``, its whitespace collapsed (prose wraps anywhere)."""
+  body = text.split(heading, 1)[1].split("\n## ", 1)[0]
+  return " ".join(body.split())
+
+
+def test_prompted_pages_prose_quotes_the_table():
+  """The numbers "What it says" quotes are the table's: each confirmed arm's paired
+  differences with tuned MeZO at B (validation at B and tuned at B/2, test accuracy in
+  points), the tuning seeds' means it compares, and Adam's passes to MeZO's loss."""
+  from experiments.prompted import report
+
+  records = report.read()
+  prose = _section(_page(os.path.join("results", "prompted.md")), "## What it says")
+  rows = {r["arm"]: r for r in report.summary(records, 400)}
+
+  def quoted(p: dict, scale: float = 1.0, digits: int = 3) -> list[str]:
+    f = lambda x: f"{scale * x:+.{digits}f}"  # noqa: E731
+    return [f(p["mean"]), f"[{f(p['lo'])}, {f(p['hi'])}]"]
+
+  confirmed = [a for a, r in rows.items() if a not in ("mezo", "adam") and "B" in r
+               and set(r["B"]["values"]) - set(report.TUNING_SEEDS)]
+  assert {"fzoo", "hizoo"} <= set(confirmed)
+  for arm in confirmed:
+    r = rows[arm]
+    expected = quoted(r["B"]["vs_mezo_B"]) + quoted(r["B/2"]["vs_mezo_B"])
+    expected += quoted(r["B"]["test_vs_mezo_B"], 100, 1)
+    expected.append(f"{r['B']['tuning_mean']:.3f}")
+    # and without the seed where tuned MeZO's test accuracy is lowest (its late crossing)
+    p = r["B"]["test_vs_mezo_B"]
+    worst = min(rows["mezo"]["B"]["test"], key=rows["mezo"]["B"]["test"].get)
+    rest = [d for s, d in zip(p["seeds"], p["diffs"], strict=True) if s != worst]
+    expected.append(f"{100 * np.mean(rest):+.1f}")
+    for s in expected:
+      assert s in prose, (arm, s)
+  assert f"{rows['mezo']['B']['tuning_mean']:.3f}" in prose
+  literature = report.by_config(report.select(records, arm="mezo", lr=1e-4), 400)
+  (values,) = literature.values()
+  assert f"{np.mean([values[s] for s in report.TUNING_SEEDS]):.3f}" in prose
+  adam = rows["adam"]["reach"]["passes"].values()
+  assert f"{min(adam):g}-{max(adam):g} pass-equivalents" in prose
