@@ -383,14 +383,17 @@ BEGIN, END = "<!-- prompted-table -->", "<!-- /prompted-table -->"
 
 def compute(records: Sequence[dict]) -> str:
   """What the recorded runs cost: core-hours of training steps (each run's seconds a step,
-  on one core, times its steps) and the evaluations besides them."""
-  hours = sum(r["sec_per_step"] * r["steps"] for r in records) / 3600
+  on one core, times the steps it ran: a diverged run counted to its last finite evaluation)
+  and the evaluations besides them. A rerun that scored the test file replaced its record,
+  so it counts once."""
+  ran = [max(c["step"] for c in r["curve"] if np.isfinite(c["ce"])) for r in records]
+  hours = sum(r["sec_per_step"] * n for r, n in zip(records, ran, strict=True)) / 3600
   evals = sum(len(r["curve"]) for r in records)
   tests = sum("test" in c for r in records for c in r["curve"])
   sentences = {2 * r["val_per_class"] for r in records}
   return (f"{len(records)} runs recorded over {len({r['seed'] for r in records})} seeds: "
           f"{hours:.1f} core-hours of training steps (each run's seconds a step on one core "
-          f"times its steps), {evals} evaluations of "
+          f"times the steps it ran), {evals} evaluations of "
           f"{' or '.join(map(str, sorted(sentences)))} validation sentences and {tests} of "
           "the test file's 872 besides.")
 

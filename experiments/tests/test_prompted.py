@@ -221,6 +221,26 @@ def test_passes_to_mezo_name_the_configuration_that_gets_there_on_most_seeds():
   assert "lr 0.01" in rows["fzoo"]["reach"]["label"]
 
 
+def test_the_pages_compute_line_counts_the_steps_each_run_ran():
+  """Core-hours: seconds a step times the steps run (a diverged run to its last finite
+  evaluation), evaluations and test scores counted from the curves."""
+  from experiments.prompted import report
+
+  def run(seed, ces, sec, test_at=()):
+    curve = [{"step": 50 * i, "passes": 100 * i, "ce": c, "accuracy": 0.5}
+             | ({"test": {"accuracy": 0.8, "ce": 0.4}} if i in test_at else {})
+             for i, c in enumerate(ces)]
+    return {"seed": seed, "steps": 200, "sec_per_step": sec, "val_per_class": 128,
+            "curve": curve}
+
+  records = [run(0, [0.6, 0.5, 0.45, 0.44, 0.43], 36.0, test_at=(2, 4)),
+             run(1, [0.6, 0.9, float("nan"), float("nan"), float("nan")], 72.0)]
+  line = report.compute(records)
+  # 200 steps of 36 s and 50 of 72 s: 3 core-hours
+  assert line.startswith("2 runs recorded over 2 seeds: 3.0 core-hours")
+  assert "10 evaluations of 256 validation sentences and 2 of the test file's" in line
+
+
 def test_run_keys_name_every_setting_that_changes_the_run():
   """Two runs that differ in any of run.py's settings of the method, data draw, schedule or
   parameter set have different keys (a key names its checkpoint directory and its record;
