@@ -304,8 +304,9 @@ def runs(records: Sequence[dict], budget: float, parts: int = 4) -> str:
 def figure(records: Sequence[dict], path: str, budget: float) -> None:
   """Every run's validation CE against forward passes, one panel per tuning seed: one colour
   per arm, the line style by the run's rate within its arm (solid the highest, dashes
-  shortening below it); the CE axis stops at 1.25 times the start, so a diverging run leaves
-  the top of the panel."""
+  shortening below it), crosses for a scheduled rate's evaluations; the CE axis stops at
+  1.25 times the start, so a diverging run leaves the top of the panel."""
+
   import matplotlib
 
   matplotlib.use("Agg")
@@ -335,14 +336,16 @@ def figure(records: Sequence[dict], path: str, budget: float) -> None:
         points = [c for c in curve(r) if c["passes"] <= budget and np.isfinite(c["ce"])]
         if len(points) < 2:
           continue
-        ax.plot([c["passes"] for c in points], [c["ce"] for c in points], marker="o", ms=3,
+        constant = r["schedule"] == "constant"
+        ax.plot([c["passes"] for c in points], [c["ce"] for c in points],
+                marker="o" if constant else "x", ms=3 if constant else 5,
                 color=colours[arm], ls=styles[rates.index(r["lr"])],
                 label=label(config(r)))
     starts = [r["curve"][0]["ce"] for r in records if r["seed"] == seed and r["curve"]]
     if starts:
       ax.set_ylim(top=1.25 * max(starts))
     ax.set_title(f"seed {seed}")
-    ax.set_xlabel("forward passes (Adam: 3 a step)")
+    ax.set_xlabel("forward passes of 16 rows (Adam: 3 a step)")
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
@@ -425,10 +428,21 @@ def write_page(path: str, block: str) -> None:
 
 def read(path: str = TABLE, *, start_layer: int = 0, k: int = 16,
          batch_size: int = 16) -> list[dict]:
-  """The records of one table: one start layer, k, batch size, whole-sentence rows."""
-  return [r for r in table.read(path)
-          if r.get("start_layer", 0) == start_layer and r["k"] == k
-          and r.get("rows") == "sentences" and r["batch_size"] == batch_size]
+  """The records of one table: one start layer, k, whole-sentence rows. Passes are counted
+  in passes over ``batch_size`` rows: a run at another batch size is an arm of its own
+  (``mezo_batch32``), each of its passes counted as ``its batch / batch_size`` passes, so
+  that a budget reads the same number of sentences in every arm."""
+  out = []
+  for r in table.read(path):
+    if (r.get("start_layer", 0) != start_layer or r["k"] != k
+        or r.get("rows") != "sentences"):
+      continue
+    if r["batch_size"] != batch_size:
+      scale = r["batch_size"] / batch_size
+      r = {**r, "arm": f"{r['arm']}_batch{r['batch_size']}",
+           "curve": [{**c, "passes": c["passes"] * scale} for c in r["curve"]]}
+    out.append(r)
+  return out
 
 
 MEASURED_TASK = "smollm2_prompted_lora"

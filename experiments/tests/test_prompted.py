@@ -202,6 +202,40 @@ def test_report_tunes_each_budget_on_the_tuning_seeds_and_pairs_the_seeds(tmp_pa
          "(0.500) | 0.5200 (0.500) |" in listing
 
 
+def test_a_run_at_another_batch_is_its_own_arm_with_sentences_per_pass_matched(tmp_path):
+  """``report.read`` keeps one table (start layer, k, whole sentences); a run at twice the
+  batch becomes the arm ``mezo_batch32`` with each pass counted as two, so it serves the
+  budget at half the steps and is compared with batch-16 MeZO there."""
+  from experiments import table
+  from experiments.prompted import report
+
+  def run(seed, batch, steps, ces):
+    # two passes a step, each over a batch of the run's own size
+    curve = [{"step": i * steps // 4, "passes": i * steps // 4 * 2, "ce": c, "accuracy": 0.5}
+             for i, c in enumerate(ces)]
+    return {"key": f"mezo-s{seed}-b{batch}", "arm": "mezo", "mode": "lora", "k": 16,
+            "seed": seed, "lr": 1e-3, "mu": 1e-2, "alpha": None, "schedule": "constant",
+            "options": {}, "steps": steps, "batch_size": batch, "rows": "sentences",
+            "curve": curve}
+
+  path = str(tmp_path / "t.jsonl.gz")
+  records = [run(s, 16, 200, [0.6, 0.55, 0.5, 0.45, 0.4]) for s in range(3)]
+  records += [run(s, 32, 100, [0.6, 0.56, 0.52, 0.48, 0.44]) for s in range(3)]
+  other = [0.6, 0.1, 0.1, 0.1, 0.1]  # runs of other tables
+  records.append({**run(0, 16, 200, other), "start_layer": 24, "key": "from24"})
+  records.append({**run(1, 16, 200, other), "rows": "all", "key": "all-rows"})
+  table.write(path, records)
+  read = report.read(path)
+  assert sorted(r["arm"] for r in read) == ["mezo"] * 3 + ["mezo_batch32"] * 3
+  wide = [r for r in read if r["arm"] == "mezo_batch32"]
+  assert [c["passes"] for c in wide[0]["curve"]] == [0, 100, 200, 300, 400]
+  rows = {r["arm"]: r for r in report.summary(read, 400)}
+  assert rows["mezo_batch32"]["B"]["vs_mezo_B"]["diffs"] == pytest.approx([0.04])
+  assert rows["mezo"]["B"]["tuning_mean"] == pytest.approx(0.4)
+  # passes counted in rows of 32: the batch-16 runs become the other arm
+  assert {r["arm"] for r in report.read(path, batch_size=32)} == {"mezo", "mezo_batch16"}
+
+
 def test_passes_to_mezo_name_the_configuration_that_gets_there_on_most_seeds():
   """Where no configuration of an arm reaches tuned MeZO's CE at B on every tuning seed, the
   row names the one that reaches it on most of them, soonest (not an arbitrary one)."""
