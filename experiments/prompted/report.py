@@ -3,8 +3,9 @@ B/2 on the tuning seeds, compared with tuned MeZO on the confirming seeds.
 
     python -m experiments.prompted.report [--budget 400] [--runs] [--figure F] [--page P]
 
-``--page docs/results/prompted.md`` rewrites the page's generated part (between its
-``prompted-table`` markers) and ``--figure`` draws every run's validation curve.
+``--page docs/results/prompted.md`` rewrites the page's generated part for ``--k`` (between
+its ``prompted-table`` markers: :func:`markers`) and ``--figure`` draws every run's
+validation curve.
 
 A run's value at a budget ``b`` is its validation cross-entropy at its last evaluation
 within ``b`` forward passes. A constant-rate run serves every budget it reaches (its
@@ -384,11 +385,20 @@ def confirmed_curves(records: Sequence[dict], budget: float
 BEGIN, END = "<!-- prompted-table -->", "<!-- /prompted-table -->"
 
 
+def markers(k: int = 16) -> tuple[str, str]:
+  """Where the page's generated part for ``k`` training sentences per class begins and
+  ends: :data:`BEGIN` and :data:`END` for k = 16, the table's first task."""
+  return (BEGIN, END) if k == 16 else (f"<!-- prompted-table k{k} -->",
+                                       f"<!-- /prompted-table k{k} -->")
+
+
 def compute(records: Sequence[dict]) -> str:
   """What the recorded runs cost: core-hours of training steps (each run's seconds a step,
   on one core, times the steps it ran: a diverged run counted to its last finite evaluation)
   and the evaluations besides them. A rerun that scored the test file replaced its record,
   so it counts once."""
+  if not records:
+    return "No run recorded yet."
   ran = [max(c["step"] for c in r["curve"] if np.isfinite(c["ce"])) for r in records]
   hours = sum(r["sec_per_step"] * n for r, n in zip(records, ran, strict=True)) / 3600
   evals = sum(len(r["curve"]) for r in records)
@@ -403,6 +413,8 @@ def compute(records: Sequence[dict]) -> str:
 
 def page_block(records: Sequence[dict], budget: float) -> str:
   """The page's generated part: the summary, then every run at B/4 .. B."""
+  if not records:
+    return compute(records)
   rows = summary(records, budget)
   tests = test_markdown(rows, budget)
   return "\n\n".join([
@@ -415,15 +427,17 @@ def page_block(records: Sequence[dict], budget: float) -> str:
       runs(records, budget)])
 
 
-def write_page(path: str, block: str) -> None:
+def write_page(path: str, block: str, k: int = 16) -> None:
+  """Replaces the part of the page between :func:`markers` of ``k`` with ``block``."""
+  begin, end = markers(k)
   with open(path, encoding="utf-8") as fh:
     text = fh.read()
-  if BEGIN not in text or END not in text:
-    raise ValueError(f"{path} has no {BEGIN} ... {END} block to rewrite")
-  head, rest = text.split(BEGIN, 1)
-  tail = rest.split(END, 1)[1]
+  if begin not in text or end not in text:
+    raise ValueError(f"{path} has no {begin} ... {end} block to rewrite")
+  head, rest = text.split(begin, 1)
+  tail = rest.split(end, 1)[1]
   with open(path, "w", encoding="utf-8") as fh:
-    fh.write(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+    fh.write(f"{head}{begin}\n{block}\n{end}{tail}")
 
 
 def read(path: str = TABLE, *, start_layer: int = 0, k: int = 16,
@@ -448,8 +462,14 @@ def read(path: str = TABLE, *, start_layer: int = 0, k: int = 16,
 MEASURED_TASK = "smollm2_prompted_lora"
 MEASURED_WHAT = ("SmolLM2-135M-Instruct prompted on GLUE SST-2 whole sentences (chat template, "
                  "label words), LoRA rank 8 on every layer's query and value projections, "
-                 "k = 16 per class, batch 16, {budget:g} forward passes, tuned on seeds 0 "
+                 "k = {k} per class, batch 16, {budget:g} forward passes, tuned on seeds 0 "
                  "and 1 (experiments/prompted, docs/results/prompted.md)")
+
+
+def measured_task(k: int = 16) -> str:
+  """The ``hz.presets.measured`` task of the table at ``k``: :data:`MEASURED_TASK` for
+  k = 16, its first task."""
+  return MEASURED_TASK if k == 16 else f"{MEASURED_TASK}_k{k}"
 
 
 def measured_settings(records: Sequence[dict], budget: float) -> dict[str, dict]:
@@ -491,15 +511,15 @@ def passes_per_step(records: Sequence[dict], config_: tuple) -> int:
   return rates.pop()
 
 
-def write_measured(path: str, methods: dict[str, dict], budget: float) -> None:
-  """Sets ``measured.json``'s task :data:`MEASURED_TASK` to ``methods`` (the other tasks
-  kept as they are)."""
+def write_measured(path: str, methods: dict[str, dict], budget: float, k: int = 16) -> None:
+  """Sets ``measured.json``'s task :func:`measured_task` of ``k`` to ``methods`` (the other
+  tasks kept as they are)."""
   import json
 
   with open(path, encoding="utf-8") as fh:
     data = json.load(fh)
-  data["tasks"][MEASURED_TASK] = {"what": MEASURED_WHAT.format(budget=budget),
-                                  "methods": methods}
+  data["tasks"][measured_task(k)] = {"what": MEASURED_WHAT.format(k=k, budget=budget),
+                                     "methods": methods}
   with open(path, "w", encoding="utf-8") as fh:
     json.dump(data, fh, indent=1)
     fh.write("\n")
@@ -515,8 +535,9 @@ def main(argv=None) -> None:
   p.add_argument("--runs", action="store_true", help="also every run at B/4, B/2, 3B/4, B")
   p.add_argument("--figure", help="draw every run's validation curve to this file")
   p.add_argument("--page", help="rewrite this page's generated part")
-  p.add_argument("--measured", help=f"write the tuned settings as task {MEASURED_TASK!r} of "
-                 "this measured.json (hizoo_jax/measured.json: hz.presets.measured)")
+  p.add_argument("--measured", help=f"write the tuned settings as task {MEASURED_TASK!r} "
+                 "(at another --k, that name and _k<k>) of this measured.json "
+                 "(hizoo_jax/measured.json: hz.presets.measured)")
   a = p.parse_args(argv)
   records = read(a.table, start_layer=a.start_layer, k=a.k, batch_size=a.batch_size)
   rows = summary(records, a.budget)
@@ -529,13 +550,13 @@ def main(argv=None) -> None:
   if a.figure:
     figure(records, a.figure, a.budget)
   if a.page:
-    write_page(a.page, page_block(records, a.budget))
+    write_page(a.page, page_block(records, a.budget), a.k)
   if a.measured:
     methods = measured_settings(records, a.budget)
     if not methods:
       p.error("no arm is tuned yet (both tuning seeds, a rate tried on each side)")
-    write_measured(a.measured, methods, a.budget)
-    print(f"{a.measured}: {MEASURED_TASK} = {methods}")
+    write_measured(a.measured, methods, a.budget, a.k)
+    print(f"{a.measured}: {measured_task(a.k)} = {methods}")
 
 
 if __name__ == "__main__":

@@ -235,16 +235,19 @@ def test_llm_guide_and_readme_give_the_prompted_tables_default():
   assert f"from {100 * zero:.1f}% zero-shot to **{100 * mean:.1f}% ± {100 * sd:.1f}**" in readme
 
 
-def test_prompted_page_is_the_prompted_table():
-  """docs/results/prompted.md's generated part is the report of the committed runs, and
-  the figure it shows is one `python -m experiments.figures` draws."""
+@pytest.mark.parametrize("k", [16, 512])
+def test_prompted_page_is_the_prompted_table(k):
+  """docs/results/prompted.md's generated part for each task (k per class) is the report of
+  the committed runs, and the figure it shows is one `python -m experiments.figures` draws."""
   from experiments import figures
   from experiments.prompted import report
 
   text = _page(os.path.join("results", "prompted.md"))
-  block = text.split(report.BEGIN, 1)[1].split(report.END, 1)[0].strip()
-  assert block == report.page_block(report.read(), 400).strip(), (
-      "regenerate it: python -m experiments.prompted.report --page docs/results/prompted.md")
+  begin, end = report.markers(k)
+  block = text.split(begin, 1)[1].split(end, 1)[0].strip()
+  assert block == report.page_block(report.read(k=k), 400).strip(), (
+      f"regenerate it: python -m experiments.prompted.report --k {k} "
+      "--page docs/results/prompted.md")
   assert f"figures/{figures.PROMPTED}" in text and figures.PROMPTED in figures.files()
 
 

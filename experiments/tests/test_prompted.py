@@ -355,6 +355,26 @@ def test_report_writes_its_task_into_a_measured_json_and_keeps_the_others(tmp_pa
   after = json.loads(path.read_text())
   task = after["tasks"].pop(report.MEASURED_TASK)
   assert after == before and task["methods"] == settings and "400 forward passes" in task["what"]
+  assert "k = 16 per class" in task["what"]
+  # another k is a task of its own: k = 16's is kept
+  report.write_measured(str(path), settings, 400, k=512)
+  again = json.loads(path.read_text())
+  assert again["tasks"][report.MEASURED_TASK] == task
+  assert "k = 512 per class" in again["tasks"][report.measured_task(512)]["what"]
+
+
+def test_each_k_has_its_own_block_on_the_page(tmp_path):
+  """``--page`` at one k rewrites that task's block only; a task with no run says so."""
+  from experiments.prompted import report
+
+  page = tmp_path / "page.md"
+  (b16, e16), (b512, e512) = report.markers(16), report.markers(512)
+  page.write_text(f"head\n{b16}\nold\n{e16}\nmiddle\n{b512}\nold\n{e512}\ntail\n")
+  report.write_page(str(page), report.page_block([], 400), k=512)
+  assert page.read_text() == (f"head\n{b16}\nold\n{e16}\nmiddle\n{b512}\n"
+                              f"No run recorded yet.\n{e512}\ntail\n")
+  with pytest.raises(ValueError, match="k1024"):
+    report.write_page(str(page), "x", k=1024)
 
 
 def test_queue_runs_every_line_once_two_at_a_time_and_picks_up_appended_lines(tmp_path):
