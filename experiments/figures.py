@@ -28,6 +28,7 @@ CHOOSING = (
 SST2 = ("sst2_loss.png", "sst2_long.png")  # docs/results/sst2.md, from experiments/sst2
 MINILM = "minilm_loss_curve.png"  # docs/results/minilm.md, the example's saved run
 PROMPTED = "prompted_lora_k16.png"  # docs/results/prompted.md, experiments/prompted
+PROMPTED_K512 = "prompted_lora_k512.png"  # the same page's k = 512 task
 
 
 def choosing_name(name: str, baseline: str, task: str) -> str:
@@ -35,7 +36,8 @@ def choosing_name(name: str, baseline: str, task: str) -> str:
 
 
 def files() -> list[str]:
-  return [*(choosing_name(n, b, t) for n, b, t, _ in CHOOSING), *SST2, MINILM, PROMPTED]
+  return [*(choosing_name(n, b, t) for n, b, t, _ in CHOOSING), *SST2, MINILM, PROMPTED,
+          PROMPTED_K512]
 
 
 def _example(name: str):
@@ -77,6 +79,7 @@ def main(argv=None) -> None:
   from experiments.prompted import report as prompted
 
   prompted.figure(prompted.read(), os.path.join(a.out, PROMPTED), budget=400)
+  prompted.figure(prompted.read(k=512), os.path.join(a.out, PROMPTED_K512), budget=400)
   for f in files():
     print(os.path.relpath(os.path.join(a.out, f), ROOT))
 

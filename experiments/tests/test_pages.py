@@ -248,7 +248,21 @@ def test_prompted_page_is_the_prompted_table(k):
   assert block == report.page_block(report.read(k=k), 400).strip(), (
       f"regenerate it: python -m experiments.prompted.report --k {k} "
       "--page docs/results/prompted.md")
-  assert f"figures/{figures.PROMPTED}" in text and figures.PROMPTED in figures.files()
+  name = figures.PROMPTED if k == 16 else figures.PROMPTED_K512
+  assert f"figures/{name}" in text and name in figures.files()
+
+
+def test_prompted_k512_prose_quotes_its_table():
+  """The k = 512 section's prose quotes tuned MeZO's rate and tuning mean from its table."""
+  from experiments.prompted import report
+
+  prose = _section(_page(os.path.join("results", "prompted.md")), "## k = 512 per class")
+  rows = {r["arm"]: r for r in report.summary(report.read(k=512), 400)}
+  best = rows["mezo"]["B"]
+  assert best["interior"]
+  mantissa, exponent = f"{best['config'][2]:e}".split("e")
+  assert f"best constant rate is {float(mantissa):g}e{int(exponent)} again" in prose
+  assert f"{best['tuning_mean']:.3f}" in prose
 
 
 def _section(text: str, heading: str) -> str:
