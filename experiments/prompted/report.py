@@ -54,18 +54,11 @@ def label(c: tuple) -> str:
 ADAM_PASSES_PER_STEP = 3
 
 
-def curve(r: dict) -> list[dict]:
-  """The run's evaluations, ``passes`` in forward-pass equivalents."""
-  if r["arm"] != "adam":
-    return r["curve"]
-  return [{**c, "passes": ADAM_PASSES_PER_STEP * c["step"]} for c in r["curve"]]
-
-
 def point_at(r: dict, budget: float) -> dict | None:
   """The evaluation of run ``r`` that serves ``budget`` passes, or None if none does: a
   constant-rate run's last evaluation within the budget, if that is at least 95% of it; a
   scheduled run's final evaluation, if the schedule ended within 5% of the budget."""
-  points = curve(r)
+  points = r["curve"]
   if r["schedule"] == "constant":
     within = [c for c in points if c["passes"] <= budget]
     if not within or within[-1]["passes"] < 0.95 * budget:
@@ -171,7 +164,7 @@ def reach(records: Iterable[dict], target: dict[int, float]) -> dict[tuple, dict
   out: dict[tuple, dict[int, float]] = defaultdict(dict)
   for r in records:
     if r["seed"] in target:
-      hit = [c["passes"] for c in curve(r) if c["ce"] <= target[r["seed"]]]
+      hit = [c["passes"] for c in r["curve"] if c["ce"] <= target[r["seed"]]]
       first = float(hit[0]) if hit else float("inf")
       # runs of one configuration and seed of different lengths share a trajectory
       out[config(r)][r["seed"]] = min(first, out[config(r)].get(r["seed"], float("inf")))
@@ -294,7 +287,7 @@ def runs(records: Sequence[dict], budget: float, parts: int = 4) -> str:
   for r in sorted(records, key=lambda r: (label(config(r)), r["seed"])):
     cells = []
     for m in marks:
-      at = [c for c in curve(r) if 0.95 * m <= c["passes"] <= m]
+      at = [c for c in r["curve"] if 0.95 * m <= c["passes"] <= m]
       cells.append(f"{at[-1]['ce']:.4f} ({at[-1]['accuracy']:.3f})" if at else "")
     if any(cells):
       name = f"{label(config(r))}, {r['steps']} steps"
@@ -334,7 +327,7 @@ def figure(records: Sequence[dict], path: str, budget: float) -> None:
       rates = sorted({r["lr"] for r in runs})
       styles = ([":", "--", "-.", "-"] * len(rates))[-len(rates):]
       for r in sorted(runs, key=lambda r: (r["lr"], str(r.get("alpha")), -r["steps"])):
-        points = [c for c in curve(r) if c["passes"] <= budget and np.isfinite(c["ce"])]
+        points = [c for c in r["curve"] if c["passes"] <= budget and np.isfinite(c["ce"])]
         if len(points) < 2:
           continue
         constant = r["schedule"] == "constant"
@@ -346,7 +339,8 @@ def figure(records: Sequence[dict], path: str, budget: float) -> None:
     if starts:
       ax.set_ylim(top=1.25 * max(starts))
     ax.set_title(f"seed {seed}")
-    ax.set_xlabel("forward passes of 16 rows (Adam: 3 a step)")
+    ax.set_xlabel("forward passes of 16 rows"
+                  + (f" (Adam: {ADAM_PASSES_PER_STEP} a step)" if "adam" in arms else ""))
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
@@ -372,7 +366,7 @@ def confirmed_curves(records: Sequence[dict], budget: float
     runs = {}
     for r in records:
       if config(r) == b["config"]:
-        points = [c for c in curve(r) if c["passes"] <= budget]
+        points = [c for c in r["curve"] if c["passes"] <= budget]
         if r["seed"] not in runs or len(points) > len(runs[r["seed"]]):
           runs[r["seed"]] = points
     n = min(len(p) for p in runs.values())
@@ -397,8 +391,6 @@ def compute(records: Sequence[dict]) -> str:
   on one core, times the steps it ran: a diverged run counted to its last finite evaluation)
   and the evaluations besides them. A rerun that scored the test file replaced its record,
   so it counts once."""
-  if not records:
-    return "No run recorded yet."
   ran = [max(c["step"] for c in r["curve"] if np.isfinite(c["ce"])) for r in records]
   hours = sum(r["sec_per_step"] * n for r, n in zip(records, ran, strict=True)) / 3600
   evals = sum(len(r["curve"]) for r in records)
@@ -414,7 +406,7 @@ def compute(records: Sequence[dict]) -> str:
 def page_block(records: Sequence[dict], budget: float) -> str:
   """The page's generated part: the summary, then every run at B/4 .. B."""
   if not records:
-    return compute(records)
+    return "No run recorded yet."
   rows = summary(records, budget)
   tests = test_markdown(rows, budget)
   return "\n\n".join([
@@ -445,16 +437,21 @@ def read(path: str = TABLE, *, start_layer: int = 0, k: int = 16,
   """The records of one table: one start layer, k, whole-sentence rows. Passes are counted
   in passes over ``batch_size`` rows: a run at another batch size is an arm of its own
   (``mezo_batch32``), each of its passes counted as ``its batch / batch_size`` passes, so
-  that a budget reads the same number of sentences in every arm."""
+  that a budget reads the same number of sentences in every arm, and first-order Adam's
+  steps counted as :data:`ADAM_PASSES_PER_STEP` passes each."""
   out = []
   for r in table.read(path):
     if (r.get("start_layer", 0) != start_layer or r["k"] != k
         or r.get("rows") != "sentences"):
       continue
+    scale = r["batch_size"] / batch_size
+    if r["arm"] == "adam":  # its record counts steps; a step is worth three passes
+      passes = [ADAM_PASSES_PER_STEP * c["step"] * scale for c in r["curve"]]
+    else:
+      passes = [c["passes"] * scale for c in r["curve"]]
+    r = {**r, "curve": [{**c, "passes": n} for c, n in zip(r["curve"], passes, strict=True)]}
     if r["batch_size"] != batch_size:
-      scale = r["batch_size"] / batch_size
-      r = {**r, "arm": f"{r['arm']}_batch{r['batch_size']}",
-           "curve": [{**c, "passes": c["passes"] * scale} for c in r["curve"]]}
+      r["arm"] = f"{r['arm']}_batch{r['batch_size']}"
     out.append(r)
   return out
 

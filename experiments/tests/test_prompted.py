@@ -319,6 +319,42 @@ def test_the_measured_prompted_settings_are_the_tables_selection():
     assert hz.presets.measured(method, report.MEASURED_TASK).init(params) is not None
 
 
+# Every option of the measured methods that the table's runs left at the library default,
+# as those defaults stood when they ran.
+DEFAULTS_THE_RUNS_TOOK = {
+    "mezo": {"weight_decay": 0.0, "num_directions": 1, "mu_resolution": 0.0},
+    "hizoo": {"weight_decay": 0.0, "estimator": "paper", "num_directions": 1,
+              "factored": False, "hessian_update_every": 1, "hessian_clip": (1e-8, 1e8),
+              "hessian_init": 1.0, "curvature_floor": 4.0, "mu_resolution": 4.0},
+    "fzoo": {"weight_decay": 0.0, "mu_resolution": 0.0},
+    "zo_muon": {"weight_decay": 0.0, "resample_every": 100, "vector_scale": 1e-5,
+                "mu_resolution": 0.0, "layout": "flax"},
+    "lozo": {"weight_decay": 0.0, "resample_every": 50, "mu_resolution": 0.0,
+             "layout": "flax"},
+}
+
+
+def test_the_measured_settings_rest_on_defaults_that_have_not_moved():
+  """A measured setting names only what the table tuned (and ``report.RUN_DEFAULTS``'s pins);
+  the rest it takes from the library's defaults. A default that moves would change the
+  setting away from the one that ran: pin it in ``RUN_DEFAULTS`` and regenerate
+  ``measured.json`` before changing this table."""
+  import inspect
+
+  import hizoo_jax as hz
+  from experiments.prompted import report
+
+  measured = hz.presets.MEASURED[report.MEASURED_TASK]
+  assert set(measured) <= set(DEFAULTS_THE_RUNS_TOOK)
+  for method, taken in DEFAULTS_THE_RUNS_TOOK.items():
+    params = inspect.signature(getattr(hz, method)).parameters
+    now = {k: params[k].default for k in taken}
+    moved = {k: (taken[k], now[k]) for k in taken
+             if now[k] != taken[k] and k not in measured.get(method, {})}
+    assert not moved, f"{method}: defaults moved (ran with, now) {moved}"
+    for k, v in report.RUN_DEFAULTS.get(method, {}).items():
+      assert taken[k] == v, f"{method}: RUN_DEFAULTS pins {k}={v!r}, the runs took {taken[k]!r}"
+
 def test_the_llm_examples_defaults_are_the_measured_settings():
   """``examples/finetune_llm.py`` trains LoRA at the table's setting of each method it holds
   (options included) and falls back to the pilot's rates elsewhere."""
