@@ -22,11 +22,12 @@ def _moved(theta: dict, d: dict, step: float) -> dict:
   return {k: theta[k] + step * d[k] for k in theta}
 
 
-def fzoo_step(theta: dict, f, us: list[dict], mu: float):
+def fzoo_step(theta: dict, f, us: list[dict], mu: float, normalize: bool = True):
   """``l0 = f(theta)``, ``l_j = f(theta + mu u_j)``, ``sigma`` the population std of the
   finite ``l_j``, ``g = 1/(n sigma) sum_j (l_j - l0) u_j`` over the ``n`` finite probes;
   fewer than two finite probes (or ``l0`` not finite) or ``sigma == 0``: ``g = 0`` and
-  every probe of the step is counted as skipped."""
+  every probe of the step is counted as skipped. ``normalize=False``: ``mu`` in place of
+  ``sigma``, and one finite probe suffices."""
   num = len(us)
   l0 = f(theta)
   ls = [f(_moved(theta, u, mu)) for u in us]
@@ -36,11 +37,13 @@ def fzoo_step(theta: dict, f, us: list[dict], mu: float):
   sigma = float(np.std(kept)) if n else float("nan")  # ddof = 0
   g = _zeros(theta)
   skipped = num
-  if n >= 2 and sigma > 0:
+  runs = n >= 2 and sigma > 0 if normalize else n >= 1
+  if runs:
+    scale = sigma if normalize else mu
     for lj, u, ok in zip(ls, us, finite, strict=True):
       if ok:
         for k in theta:
-          g[k] = g[k] + (lj - l0) / (n * sigma) * u[k]
+          g[k] = g[k] + (lj - l0) / (n * scale) * u[k]
     skipped = num - n
   return g, dict(loss=l0, losses=np.array(ls), skipped=skipped, sigma=sigma)
 

@@ -181,6 +181,25 @@ def fzoo_case():
       reference=lambda theta, zs, bad, h: ref.fzoo_step(theta, loss_np(bad), zs, MU))
 
 
+def fzoo_unnormalised_case():
+  n = 4
+
+  def scenario(t, theta, us, masks):
+    probe = lambda j: moved(theta, us[j], MU)
+    return [[], [probe(1), probe(3)],  # 2 finite probes
+            [probe(j) for j in range(1, n)],  # 1 finite probe: enough without sigma
+            [theta],  # l0 not finite: skipped
+            [probe(j) for j in range(n)],  # no finite probe: skipped
+            []][t]
+
+  return dict(
+      tx=hz.fzoo(LR, mu=MU, num_directions=n, normalize=False, seed=3),
+      sampler=hz.fast_rademacher, n=n, loss=loss_fn, scenario=scenario,
+      skipped=[0, 2, n - 1, n, n, 0], passes_per_step=n + 1,
+      reference=lambda theta, zs, bad, h: ref.fzoo_step(theta, loss_np(bad), zs, MU,
+                                                        normalize=False))
+
+
 def sparse_case():
   n, sparsity = 3, 0.6
 
@@ -214,7 +233,8 @@ def forward_gradient_case():
                                                                     zs))
 
 
-CASES = {"fzoo": fzoo_case, "sparse_mezo": sparse_case,
+CASES = {"fzoo": fzoo_case, "fzoo_unnormalised": fzoo_unnormalised_case,
+         "sparse_mezo": sparse_case,
          "forward_gradient": forward_gradient_case}
 
 
@@ -639,3 +659,17 @@ def test_batched_probes_refuse_dependent_probes_and_tangents():
       hz.make_train_step(tx, plain, batch_probes=True)(params0(), tx.init(params0()), x, y)
   with pytest.raises(ValueError, match="lean=False"):
     hz.make_train_step(hz.mezo(LR), plain, batch_probes=True, lean=False)
+
+
+def test_fzoo_without_normalisation_takes_one_probe_and_mezo_scale():
+  """``normalize=False`` lifts the two-probe floor, and its step on a linear loss is the
+  one-sided difference quotient: ``g = (l_1 - l0) / mu * u_1 = (c . u_1) u_1``."""
+  c = {"w": jnp.arange(1.0, 7.0, dtype=jnp.float64).reshape(2, 3)}
+  loss = lambda p: jnp.sum(c["w"] * p["w"])
+  tx = hz.scale_by_fzoo(mu=1e-3, num_directions=1, normalize=False, seed=5)
+  params = {"w": jnp.zeros((2, 3), jnp.float64)}
+  state = tx.init(params)
+  u = step_noise(state, params, 1, hz.fast_rademacher)[0]["w"]
+  g, state = tx.update(None, state, params, value_fn=loss)
+  np.testing.assert_allclose(g["w"], np.sum(np.asarray(c["w"]) * u) * u, rtol=1e-9)
+  assert int(otu.tree_get(state, "skipped_directions")) == 0

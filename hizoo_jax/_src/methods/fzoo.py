@@ -18,6 +18,11 @@ division by ``mu``; the probes are one-sided. Unlike it: ``l0`` is measured befo
 probes rather than after (the same batch and the same ``theta``, so the same value), and a
 step whose probe losses have no spread (``sigma = 0``, which the reference divides by) or
 has fewer than two finite probe losses is skipped (params unchanged, counted).
+
+``normalize=False`` drops the division by ``sigma`` for the plain one-sided average
+``g = 1 / (N mu) * sum_j (l_j - l0) u_j``: the ablation that separates FZOO's
+normalisation from its batch of one-sided probes (MeZO's scale, so MeZO's learning rates).
+It needs one finite probe loss rather than two.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class FZOO(m.Method):
   name = "fzoo"
   sampler: sampling.Sampler = sampling.fast_rademacher
   num_probes: int = 8
+  normalize: bool = True
 
   @property
   def passes(self):
@@ -49,7 +55,7 @@ class FZOO(m.Method):
 
   def check(self, hyper):
     spsa.check_mu(hyper)
-    if self.num_probes is not None and self.num_probes < 2:
+    if self.normalize and self.num_probes is not None and self.num_probes < 2:
       raise ValueError("num_directions must be >= 2 for FZOO (its step is normalised by "
                        f"the spread of the probe losses), got {self.num_probes}")
     cfg.check_nonnegative("mu_resolution", hyper.get("mu_resolution", 0.0))
@@ -67,8 +73,13 @@ class FZOO(m.Method):
     kept = jnp.where(finite, values, 0)
     mean = jnp.sum(kept) / nf
     sigma = jnp.sqrt(jnp.sum(jnp.where(finite, jnp.square(values - mean), 0)) / nf)
-    ok = (n >= 2) & (sigma > 0) & jnp.isfinite(sigma)
-    coefs = jnp.where(finite & ok, (values - l0) / (nf * jnp.where(ok, sigma, 1)), 0)
+    if self.normalize:
+      ok = (n >= 2) & (sigma > 0) & jnp.isfinite(sigma)
+      scale = jnp.where(ok, sigma, 1)
+    else:
+      ok = n >= 1
+      scale = hyper["mu"].astype(dtype)
+    coefs = jnp.where(finite & ok, (values - l0) / (nf * scale), 0)
     coefs = numerics.computed_once(coefs)
     g = self.combine(noise, state, hyper, params, coefs)
     skipped = self.num_probes - jnp.where(ok, n, 0)
@@ -80,6 +91,7 @@ def scale_by_fzoo(
     mu: float = 1e-3,
     *,
     num_directions: int = 8,
+    normalize: bool = True,
     mu_resolution: float = 0.0,
     sampler: sampling.Sampler | Callable[..., jax.Array] | None = None,
     seed: int | jax.Array = 0,
@@ -96,6 +108,9 @@ def scale_by_fzoo(
   Args:
     mu: perturbation scale (> 0); defaults to the reference code's ``1e-3``.
     num_directions: probes ``N`` per step (>= 2); the reference code's default 8.
+    normalize: divide by ``sigma`` (FZOO). ``False`` divides by ``mu`` instead, the plain
+      one-sided average of ``N`` probes with MeZO's scale and learning rates: FZOO without
+      its normalisation, to tell what the normalisation itself buys (``N >= 1``).
     mu_resolution: for 16-bit params, raise ``mu`` to at least ``mu_resolution *
       eps(dtype) * rms(theta)`` (see :func:`scale_by_hizoo`; off by default).
     sampler: default :data:`hizoo_jax.fast_rademacher` (the paper's noise, fused into the
@@ -109,7 +124,7 @@ def scale_by_fzoo(
   sampler = sampling.fast_rademacher if sampler is None else cfg.check_sampler(
       sampler, needs_gaussian=False)
   method = FZOO(sampler=sampler, key_impl=cfg.key_impl_of(seed),
-                            num_probes=cfg.probes(num_directions))
+                num_probes=cfg.probes(num_directions), normalize=bool(normalize))
   return transform.zo_transform(method, dict(mu=mu, mu_resolution=mu_resolution), seed)
 
 
