@@ -438,7 +438,8 @@ def read(path: str = TABLE, *, start_layer: int = 0, k: int = 16,
   in passes over ``batch_size`` rows: a run at another batch size is an arm of its own
   (``mezo_batch32``), each of its passes counted as ``its batch / batch_size`` passes, so
   that a budget reads the same number of sentences in every arm, and first-order Adam's
-  steps counted as :data:`ADAM_PASSES_PER_STEP` passes each."""
+  steps counted as :data:`ADAM_PASSES_PER_STEP` passes each. FZOO without its
+  normalisation (``normalize: false``) is the arm ``fzoo_unnormalised``."""
   out = []
   for r in table.read(path):
     if (r.get("start_layer", 0) != start_layer or r["k"] != k
@@ -452,6 +453,8 @@ def read(path: str = TABLE, *, start_layer: int = 0, k: int = 16,
     r = {**r, "curve": [{**c, "passes": n} for c, n in zip(r["curve"], passes, strict=True)]}
     if r["batch_size"] != batch_size:
       r["arm"] = f"{r['arm']}_batch{r['batch_size']}"
+    if r["arm"] == "fzoo" and not (r.get("options") or {}).get("normalize", True):
+      r["arm"] = "fzoo_unnormalised"  # an ablation, tuned as an arm of its own
     out.append(r)
   return out
 

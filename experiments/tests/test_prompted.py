@@ -236,6 +236,33 @@ def test_a_run_at_another_batch_is_its_own_arm_with_sentences_per_pass_matched(t
   assert {r["arm"] for r in report.read(path, batch_size=32)} == {"mezo", "mezo_batch16"}
 
 
+def test_read_counts_adams_steps_as_three_passes_and_names_the_fzoo_ablation(tmp_path):
+  """Adam's record counts steps (one a step): ``report.read`` counts each as three passes,
+  in rows of the table's batch. FZOO with ``normalize: false`` is an arm of its own, so that
+  it is tuned apart from FZOO."""
+  from experiments import table
+  from experiments.prompted import report
+
+  def run(arm, batch, options, per_step):
+    curve = [{"step": s, "passes": per_step * s, "ce": 0.5, "accuracy": 0.5}
+             for s in (0, 10, 20)]
+    return {"key": f"{arm}-{batch}-{options}", "arm": arm, "mode": "lora", "k": 16,
+            "seed": 0, "lr": 1e-3, "mu": 1e-2, "alpha": None, "schedule": "constant",
+            "options": options, "steps": 20, "batch_size": batch, "rows": "sentences",
+            "curve": curve}
+
+  path = str(tmp_path / "t.jsonl.gz")
+  table.write(path, [run("adam", 16, {}, 1), run("adam", 32, {}, 1),
+                     run("fzoo", 16, {}, 9), run("fzoo", 16, {"normalize": False}, 9),
+                     run("fzoo", 16, {"normalize": True}, 9)])
+  got = {(r["arm"], r["batch_size"], str(r["options"])): [c["passes"] for c in r["curve"]]
+         for r in report.read(path)}
+  assert got == {("adam", 16, "{}"): [0, 30, 60], ("adam_batch32", 32, "{}"): [0, 60, 120],
+                 ("fzoo", 16, "{}"): [0, 90, 180],
+                 ("fzoo_unnormalised", 16, "{'normalize': False}"): [0, 90, 180],
+                 ("fzoo", 16, "{'normalize': True}"): [0, 90, 180]}
+
+
 def test_passes_to_mezo_name_the_configuration_that_gets_there_on_most_seeds():
   """Where no configuration of an arm reaches tuned MeZO's CE at B on every tuning seed, the
   row names the one that reaches it on most of them, soonest (not an arbitrary one)."""
