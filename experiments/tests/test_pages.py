@@ -253,7 +253,8 @@ def test_prompted_page_is_the_prompted_table(k):
 
 
 def test_prompted_k512_prose_quotes_its_table():
-  """The k = 512 section's prose quotes tuned MeZO's rate and tuning mean from its table."""
+  """The k = 512 section's prose quotes tuned MeZO's and tuned HiZOO's rates and tuning means
+  from its table."""
   from experiments.prompted import report
 
   prose = _section(_page(os.path.join("results", "prompted.md")), "## k = 512 per class")
@@ -263,6 +264,9 @@ def test_prompted_k512_prose_quotes_its_table():
   mantissa, exponent = f"{best['config'][2]:e}".split("e")
   assert f"best constant rate is {float(mantissa):g}e{int(exponent)} again" in prose
   assert f"{best['tuning_mean']:.3f}" in prose
+  hizoo = rows["hizoo"]["B"]
+  assert hizoo["interior"] and hizoo["config"][2] == best["config"][2]
+  assert f"α {hizoo['config'][4]:g}" in prose and f"{hizoo['tuning_mean']:.3f}" in prose
 
 
 def _section(text: str, heading: str) -> str:
