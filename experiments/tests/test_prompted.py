@@ -353,7 +353,7 @@ DEFAULTS_THE_RUNS_TOOK = {
     "hizoo": {"weight_decay": 0.0, "estimator": "paper", "num_directions": 1,
               "factored": False, "hessian_update_every": 1, "hessian_clip": (1e-8, 1e8),
               "hessian_init": 1.0, "curvature_floor": 4.0, "mu_resolution": 4.0},
-    "fzoo": {"weight_decay": 0.0, "mu_resolution": 0.0},
+    "fzoo": {"weight_decay": 0.0, "normalize": True, "mu_resolution": 0.0},
     "zo_muon": {"weight_decay": 0.0, "resample_every": 100, "vector_scale": 1e-5,
                 "mu_resolution": 0.0, "layout": "flax"},
     "lozo": {"weight_decay": 0.0, "resample_every": 50, "mu_resolution": 0.0,
@@ -381,6 +381,7 @@ def test_the_measured_settings_rest_on_defaults_that_have_not_moved():
     assert not moved, f"{method}: defaults moved (ran with, now) {moved}"
     for k, v in report.RUN_DEFAULTS.get(method, {}).items():
       assert taken[k] == v, f"{method}: RUN_DEFAULTS pins {k}={v!r}, the runs took {taken[k]!r}"
+
 
 def test_the_llm_examples_defaults_are_the_measured_settings():
   """``examples/finetune_llm.py`` trains LoRA at the table's setting of each method it holds
