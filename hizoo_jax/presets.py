@@ -233,7 +233,7 @@ def _load_measured() -> Mapping[str, Mapping[str, Mapping[str, Any]]]:
 MEASURED = _load_measured()
 """Each method's learning rate and key options as the forward-pass matched benchmark
 selected them, per task (``"digits"``, ``"sst2_ft"``, ``"sst2_lora"`` and the prompted LLM's
-``"smollm2_prompted_lora"``), read from the package's
+``"smollm2_prompted_lora"`` and ``"smollm2_prompted_lora_k512"``), read from the package's
 ``measured.json``, which says for each task what was measured and how the setting was
 chosen. They are starting points for the same kind of model and budget, not universal
 rates: the best rate moves with the model, the batch and the budget. Use it through
@@ -252,7 +252,8 @@ def measured(method: str, task: str = "sst2_ft", **options: Any
 
   Args:
     method: a method measured on ``task`` (``MEASURED[task]``'s keys).
-    task: ``"digits"``, ``"sst2_ft"``, ``"sst2_lora"`` or ``"smollm2_prompted_lora"``.
+    task: ``"digits"``, ``"sst2_ft"``, ``"sst2_lora"``, ``"smollm2_prompted_lora"`` (16
+      training sentences a class) or ``"smollm2_prompted_lora_k512"`` (512 a class).
     **options: keywords of ``hz.<method>`` that replace the measured ones (``seed``,
       ``learning_rate``, ...).
   """

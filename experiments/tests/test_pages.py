@@ -254,11 +254,14 @@ def test_prompted_page_is_the_prompted_table(k):
 
 def test_prompted_k512_prose_quotes_its_table():
   """The k = 512 section's prose quotes tuned MeZO's and tuned HiZOO's rates and tuning means
-  from its table."""
+  from its table, and HiZOO's paired differences with MeZO at B on the confirming seeds:
+  validation CE (bootstrap and t intervals), test accuracy, MeZO's own B/2 against its B,
+  and HiZOO's B configuration read at B/2."""
   from experiments.prompted import report
 
   prose = _section(_page(os.path.join("results", "prompted.md")), "## k = 512 per class")
-  rows = {r["arm"]: r for r in report.summary(report.read(k=512), 400)}
+  records = report.read(k=512)
+  rows = {r["arm"]: r for r in report.summary(records, 400)}
   best = rows["mezo"]["B"]
   assert best["interior"]
   mantissa, exponent = f"{best['config'][2]:e}".split("e")
@@ -267,6 +270,19 @@ def test_prompted_k512_prose_quotes_its_table():
   hizoo = rows["hizoo"]["B"]
   assert hizoo["interior"] and hizoo["config"][2] == best["config"][2]
   assert f"α {hizoo['config'][4]:g}" in prose and f"{hizoo['tuning_mean']:.3f}" in prose
+
+  f = lambda x, scale=1.0, digits=3: f"{scale * x:+.{digits}f}"  # noqa: E731
+  p = hizoo["vs_mezo_B"]
+  assert len(p["seeds"]) == 3
+  for s in (f(p["mean"]), f"[{f(p['lo'])}, {f(p['hi'])}]", f"[{f(p['t_lo'])}, {f(p['t_hi'])}]"):
+    assert s in prose, s
+  t = hizoo["test_vs_mezo_B"]
+  assert f(t["mean"], 100, 1) in prose and f"[{f(t['lo'], 100, 1)}, {f(t['hi'], 100, 1)}]" in prose
+  assert f(rows["mezo"]["B/2"]["vs_mezo_B"]["mean"]) in prose
+  ref = report.by_config(report.select(records, arm="mezo"), 400)[best["config"]]
+  half = report.paired(report.by_config(report.select(records, arm="hizoo"), 200)[
+      hizoo["config"]], ref)
+  assert f"{f(half['mean'])} ([{f(half['lo'])}, {f(half['hi'])}])" in prose
 
 
 def _section(text: str, heading: str) -> str:

@@ -329,21 +329,21 @@ def test_run_keys_name_every_setting_that_changes_the_run():
   assert len(set(itertools.chain(base, changes))) == len(base)
 
 
-def test_the_measured_prompted_settings_are_the_tables_selection():
-  """``hz.presets.MEASURED``'s prompted-LLM task is what the committed table selects
-  (``report --measured``), and each setting builds its method."""
+@pytest.mark.parametrize("k, arms", [(16, {"mezo", "fzoo", "hizoo"}), (512, {"mezo", "hizoo"})])
+def test_the_measured_prompted_settings_are_the_tables_selection(k, arms):
+  """``hz.presets.MEASURED``'s prompted-LLM tasks are what the committed table selects at
+  each k (``report --measured [--k 512]``), and each setting builds its method."""
   import jax.numpy as jnp
 
   import hizoo_jax as hz
   from experiments.prompted import report
 
-  records = report.read()
-  assert dict(hz.presets.MEASURED[report.MEASURED_TASK]) == report.measured_settings(
-      records, 400)
-  assert set(hz.presets.MEASURED[report.MEASURED_TASK]) >= {"mezo", "fzoo", "hizoo"}
+  task = report.measured_task(k)
+  assert dict(hz.presets.MEASURED[task]) == report.measured_settings(report.read(k=k), 400)
+  assert set(hz.presets.MEASURED[task]) >= arms
   params = {"w": jnp.ones((8, 8), jnp.float32)}
-  for method in hz.presets.MEASURED[report.MEASURED_TASK]:
-    assert hz.presets.measured(method, report.MEASURED_TASK).init(params) is not None
+  for method in hz.presets.MEASURED[task]:
+    assert hz.presets.measured(method, task).init(params) is not None
 
 
 # Every option of the measured methods that the table's runs left at the library default,
