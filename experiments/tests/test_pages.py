@@ -259,7 +259,9 @@ def test_prompted_k512_prose_quotes_its_table():
   and HiZOO's B configuration read at B/2."""
   from experiments.prompted import report
 
-  prose = _section(_page(os.path.join("results", "prompted.md")), "## k = 512 per class")
+  begin, end = report.markers(512)
+  text = _section(_page(os.path.join("results", "prompted.md")), "## k = 512 per class")
+  prose = text.split(begin)[0] + text.split(end)[1]  # the generated tables left out
   records = report.read(k=512)
   rows = {r["arm"]: r for r in report.summary(records, 400)}
   best = rows["mezo"]["B"]
@@ -269,7 +271,9 @@ def test_prompted_k512_prose_quotes_its_table():
   assert f"{best['tuning_mean']:.3f}" in prose
   hizoo = rows["hizoo"]["B"]
   assert hizoo["interior"] and hizoo["config"][2] == best["config"][2]
-  assert f"α {hizoo['config'][4]:g}" in prose and f"{hizoo['tuning_mean']:.3f}" in prose
+  mantissa, exponent = f"{hizoo['config'][4]:e}".split("e")
+  assert f"α {float(mantissa):g}e{int(exponent)}" in prose
+  assert f"{hizoo['tuning_mean']:.3f}" in prose
 
   f = lambda x, scale=1.0, digits=3: f"{scale * x:+.{digits}f}"  # noqa: E731
   p = hizoo["vs_mezo_B"]
@@ -277,12 +281,16 @@ def test_prompted_k512_prose_quotes_its_table():
   for s in (f(p["mean"]), f"[{f(p['lo'])}, {f(p['hi'])}]", f"[{f(p['t_lo'])}, {f(p['t_hi'])}]"):
     assert s in prose, s
   t = hizoo["test_vs_mezo_B"]
-  assert f(t["mean"], 100, 1) in prose and f"[{f(t['lo'], 100, 1)}, {f(t['hi'], 100, 1)}]" in prose
-  assert f(rows["mezo"]["B/2"]["vs_mezo_B"]["mean"]) in prose
+  for s in (f(t["mean"], 100, 1), f"[{f(t['lo'], 100, 1)}, {f(t['hi'], 100, 1)}]",
+            f"[{f(t['t_lo'], 100, 1)}, {f(t['t_hi'], 100, 1)}]"):
+    assert s in prose, s
+  own = rows["mezo"]["B/2"]["vs_mezo_B"]
+  assert f(own["mean"]) in prose and all(f(d) in prose for d in own["diffs"])
   ref = report.by_config(report.select(records, arm="mezo"), 400)[best["config"]]
   half = report.paired(report.by_config(report.select(records, arm="hizoo"), 200)[
       hizoo["config"]], ref)
   assert f"{f(half['mean'])} ([{f(half['lo'])}, {f(half['hi'])}])" in prose
+  assert all(f(d) in prose for d in half["diffs"])
 
 
 def _section(text: str, heading: str) -> str:
