@@ -338,5 +338,9 @@ def test_prompted_pages_prose_quotes_the_table():
                         if r["schedule"] == "cosine"], 400)
   assert cosine is not None and f"{cosine[1]:.3f}" in prose
   assert f"{rows['mezo_batch32']['B']['tuning_mean']:.3f}" in prose
+  unnormalised = rows["fzoo_unnormalised"]["B"]  # the FZOO ablation, tuning seeds only
+  assert unnormalised["interior"] and f"{unnormalised['tuning_mean']:.3f}" in prose
+  mantissa, exponent = f"{unnormalised['config'][2]:e}".split("e")
+  assert f"best at {float(mantissa):g}e{int(exponent)}, interior" in prose
   adam = rows["adam"]["reach"]["passes"].values()
   assert f"{min(adam):g}-{max(adam):g} pass-equivalents" in prose
