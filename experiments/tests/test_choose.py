@@ -561,8 +561,9 @@ def test_measured_presets_are_the_benchmarks_selection():
   from experiments.prompted import report as prompted
 
   results = os.path.join(os.path.dirname(run.__file__), "results")
-  # the prompted-LLM table's task: experiments/tests/test_prompted.py
-  assert set(hz.presets.MEASURED) == {*MEASURED_SOURCES, prompted.MEASURED_TASK}
+  # the prompted-LLM table's tasks: experiments/tests/test_prompted.py
+  assert set(hz.presets.MEASURED) == {*MEASURED_SOURCES, prompted.measured_task(16),
+                                      prompted.measured_task(512)}
   params = {"w": jnp.ones((8, 8), jnp.float32), "b": jnp.zeros((8,), jnp.float32)}
   for task in MEASURED_SOURCES:
     methods = hz.presets.MEASURED[task]
