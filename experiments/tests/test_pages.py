@@ -235,6 +235,31 @@ def test_llm_guide_and_readme_give_the_prompted_tables_default():
   assert f"from {100 * zero:.1f}% zero-shot to **{100 * mean:.1f}% ± {100 * sd:.1f}**" in readme
 
 
+def _section(text: str, heading: str) -> str:
+  """A page's section under ``heading``, its whitespace collapsed (prose wraps anywhere)."""
+  body = text.split(heading, 1)[1].split("\n## ", 1)[0]
+  return " ".join(body.split())
+
+
+def _rate(x: float) -> str:
+  """A rate as the pages write it: 1.8e-3, 5.6e-3, 1e-6."""
+  mantissa, exponent = f"{x:e}".split("e")
+  return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def _signed(x: float, scale: float = 1.0, digits: int = 3) -> str:
+  """A paired difference as the pages write it: +0.045, or -2.5 (points, ``scale`` 100)."""
+  return f"{scale * x:+.{digits}f}"
+
+
+def _quoted(p: dict, scale: float = 1.0, digits: int = 3, t: bool = False) -> list[str]:
+  """A paired difference's mean and bootstrap interval (and with ``t`` its t interval), as
+  the pages quote them."""
+  f = lambda x: _signed(x, scale, digits)  # noqa: E731
+  out = [f(p["mean"]), f"[{f(p['lo'])}, {f(p['hi'])}]"]
+  return out + [f"[{f(p['t_lo'])}, {f(p['t_hi'])}]"] if t else out
+
+
 @pytest.mark.parametrize("k", [16, 512])
 def test_prompted_page_is_the_prompted_table(k):
   """docs/results/prompted.md's generated part for each task (k per class) is the report of
@@ -266,23 +291,17 @@ def test_prompted_k512_prose_quotes_its_table():
   rows = {r["arm"]: r for r in report.summary(records, 400)}
   best = rows["mezo"]["B"]
   assert best["interior"]
-  mantissa, exponent = f"{best['config'][2]:e}".split("e")
-  assert f"best constant rate is {float(mantissa):g}e{int(exponent)} again" in prose
+  assert f"best constant rate is {_rate(best['config'][2])} again" in prose
   assert f"{best['tuning_mean']:.3f}" in prose
   hizoo = rows["hizoo"]["B"]
   assert hizoo["interior"] and hizoo["config"][2] == best["config"][2]
-  mantissa, exponent = f"{hizoo['config'][4]:e}".split("e")
-  assert f"α {float(mantissa):g}e{int(exponent)}" in prose
+  assert f"α {_rate(hizoo['config'][4])}" in prose
   assert f"{hizoo['tuning_mean']:.3f}" in prose
 
-  f = lambda x, scale=1.0, digits=3: f"{scale * x:+.{digits}f}"  # noqa: E731
+  f = _signed
   p = hizoo["vs_mezo_B"]
   assert len(p["seeds"]) == 3
-  for s in (f(p["mean"]), f"[{f(p['lo'])}, {f(p['hi'])}]", f"[{f(p['t_lo'])}, {f(p['t_hi'])}]"):
-    assert s in prose, s
-  t = hizoo["test_vs_mezo_B"]
-  for s in (f(t["mean"], 100, 1), f"[{f(t['lo'], 100, 1)}, {f(t['hi'], 100, 1)}]",
-            f"[{f(t['t_lo'], 100, 1)}, {f(t['t_hi'], 100, 1)}]"):
+  for s in _quoted(p, t=True) + _quoted(hizoo["test_vs_mezo_B"], 100, 1, t=True):
     assert s in prose, s
   own = rows["mezo"]["B/2"]["vs_mezo_B"]
   assert f(own["mean"]) in prose and all(f(d) in prose for d in own["diffs"])
@@ -291,12 +310,6 @@ def test_prompted_k512_prose_quotes_its_table():
       hizoo["config"]], ref)
   assert f"{f(half['mean'])} ([{f(half['lo'])}, {f(half['hi'])}])" in prose
   assert all(f(d) in prose for d in half["diffs"])
-
-
-def _section(text: str, heading: str) -> str:
-  """A page's section under ``heading``, its whitespace collapsed (prose wraps anywhere)."""
-  body = text.split(heading, 1)[1].split("\n## ", 1)[0]
-  return " ".join(body.split())
 
 
 def test_prompted_pages_prose_quotes_the_table():
@@ -310,23 +323,19 @@ def test_prompted_pages_prose_quotes_the_table():
   prose = _section(_page(os.path.join("results", "prompted.md")), "## What it says")
   rows = {r["arm"]: r for r in report.summary(records, 400)}
 
-  def quoted(p: dict, scale: float = 1.0, digits: int = 3) -> list[str]:
-    f = lambda x: f"{scale * x:+.{digits}f}"  # noqa: E731
-    return [f(p["mean"]), f"[{f(p['lo'])}, {f(p['hi'])}]"]
-
   confirmed = [a for a, r in rows.items() if a not in ("mezo", "adam") and "B" in r
                and set(r["B"]["values"]) - set(report.TUNING_SEEDS)]
   assert {"fzoo", "hizoo"} <= set(confirmed)
   for arm in confirmed:
     r = rows[arm]
-    expected = quoted(r["B"]["vs_mezo_B"]) + quoted(r["B/2"]["vs_mezo_B"])
-    expected += quoted(r["B"]["test_vs_mezo_B"], 100, 1)
+    expected = _quoted(r["B"]["vs_mezo_B"]) + _quoted(r["B/2"]["vs_mezo_B"])
+    expected += _quoted(r["B"]["test_vs_mezo_B"], 100, 1)
     expected.append(f"{r['B']['tuning_mean']:.3f}")
     # and without the seed where tuned MeZO's test accuracy is lowest (its late crossing)
     p = r["B"]["test_vs_mezo_B"]
     worst = min(rows["mezo"]["B"]["test"], key=rows["mezo"]["B"]["test"].get)
     rest = [d for s, d in zip(p["seeds"], p["diffs"], strict=True) if s != worst]
-    expected.append(f"{100 * np.mean(rest):+.1f}")
+    expected.append(_signed(np.mean(rest), 100, 1))
     for s in expected:
       assert s in prose, (arm, s)
   assert f"{rows['mezo']['B']['tuning_mean']:.3f}" in prose
@@ -340,7 +349,6 @@ def test_prompted_pages_prose_quotes_the_table():
   assert f"{rows['mezo_batch32']['B']['tuning_mean']:.3f}" in prose
   unnormalised = rows["fzoo_unnormalised"]["B"]  # the FZOO ablation, tuning seeds only
   assert unnormalised["interior"] and f"{unnormalised['tuning_mean']:.3f}" in prose
-  mantissa, exponent = f"{unnormalised['config'][2]:e}".split("e")
-  assert f"best at {float(mantissa):g}e{int(exponent)}, interior" in prose
+  assert f"best at {_rate(unnormalised['config'][2])}, interior" in prose
   adam = rows["adam"]["reach"]["passes"].values()
   assert f"{min(adam):g}-{max(adam):g} pass-equivalents" in prose
