@@ -177,14 +177,19 @@ def one_run(a: argparse.Namespace, lr: float, key: str, recorded: dict | None = 
                          cache_path(a, "test", prefix, ids, m)), m, y)
   batch = min(a.batch_size, len(train[2]))
   losses = np.full((a.steps,), np.nan, np.float32)
+  # seconds of each step, kept in the checkpoint so that a resumed run reports the time of
+  # all its steps; NaN for the first step after each start, which includes compilation
+  times = np.full((a.steps,), np.nan, np.float32)
   curve: list[dict] = []
   where = os.path.join(a.ckpt_dir, key)
   start, ckpt = 0, checkpoint.Checkpointer(where, max_to_keep=1)
   if ckpt.latest_step() is not None:
     # the saved run may be of another length (a constant rate's trajectory is the same)
-    n = ckpt.shapes()["losses"].shape[0]
+    saved = ckpt.shapes()
+    n = saved["losses"].shape[0]
     tree = {"params": params, "opt_state": opt_state,
-            "losses": np.full((n,), np.nan, np.float32)}
+            **{name: np.full((n,), np.nan, np.float32) for name in ("losses", "times")
+               if name in saved}}  # checkpoints older than the step times lack them
     restored = ckpt.restore(tree)
     params, opt_state = restored["params"], restored["opt_state"]
     start = int(ckpt.latest_step())
@@ -192,6 +197,8 @@ def one_run(a: argparse.Namespace, lr: float, key: str, recorded: dict | None = 
       raise ValueError(f"{where} holds step {start} of a {n}-step run: it resumes that run, "
                        f"or a constant-rate run of at least {start} steps")
     losses[:start] = np.asarray(restored["losses"])[:start]
+    if "times" in restored:
+      times[:start] = np.asarray(restored["times"])[:start]
     with open(os.path.join(where, "curve.json")) as fh:
       curve = [c for c in json.load(fh) if c["step"] <= start]
     print(f"{key}: resumed at step {start}", flush=True)
@@ -204,7 +211,6 @@ def one_run(a: argparse.Namespace, lr: float, key: str, recorded: dict | None = 
   if start == 0:
     curve.append({"step": 0, "passes": 0, **evaluate(params, frozen, *val)})
     print(f"{key}: step 0 validation {curve[-1]}", flush=True)
-  times = []
   ids, mask, labels = train
   stop = a.steps if a.stop_after is None else min(a.steps, start + a.stop_after)
   for s in range(start, stop):
@@ -214,7 +220,8 @@ def one_run(a: argparse.Namespace, lr: float, key: str, recorded: dict | None = 
     params, opt_state, loss = step_fn(params, opt_state, frozen, ids[b, :w], mask[b, :w],
                                       labels[b])
     losses[s] = float(loss)
-    times.append(time.perf_counter() - t0)
+    if s > start:
+      times[s] = time.perf_counter() - t0
     if (s + 1) % every == 0 or s + 1 == a.steps:
       passes = hz.forward_passes(opt_state)
       passes = int(passes) if passes is not None else s + 1
@@ -223,8 +230,10 @@ def one_run(a: argparse.Namespace, lr: float, key: str, recorded: dict | None = 
                     **evaluate(params, frozen, *val)})
       if s + 1 in test_at and not diverged(curve, a.diverged):
         curve[-1]["test"] = evaluate(params, frozen, *test)
-      print(f"{key}: {curve[-1]} ({np.median(times):.2f} s/step)", flush=True)
-      ckpt.save(s + 1, {"params": params, "opt_state": opt_state, "losses": losses})
+      t = sec_per_step(times)
+      print(f"{key}: {curve[-1]}" + (f" ({t:.2f} s/step)" if t else ""), flush=True)
+      ckpt.save(s + 1, {"params": params, "opt_state": opt_state, "losses": losses,
+                        "times": times})
       with open(os.path.join(where, "curve.json"), "w") as fh:
         json.dump(curve, fh)
       if diverged(curve, a.diverged):
@@ -244,7 +253,7 @@ def one_run(a: argparse.Namespace, lr: float, key: str, recorded: dict | None = 
             "schedule": a.schedule, "options": a.options, "steps": a.steps, "batch_size": batch,
             "val_per_class": max(a.k, VAL_MIN), "rows": a.rows, "curve": curve,
             "final_val": curve[-1], "losses": losses.tolist(),
-            "sec_per_step": float(np.median(times[1:])) if len(times) > 1 else None,
+            "sec_per_step": sec_per_step(times),
             "commit": git_commit(ROOT), "jax": jax.__version__}
   if a.start_layer:
     record["start_layer"] = a.start_layer
@@ -255,6 +264,12 @@ def one_run(a: argparse.Namespace, lr: float, key: str, recorded: dict | None = 
     print(f"{key}: test {[(c['passes'], c['test']) for c in curve if 'test' in c]}",
           flush=True)
   return record
+
+
+def sec_per_step(times: np.ndarray) -> float | None:
+  """The median seconds of the timed steps, or None where none was timed."""
+  timed = times[np.isfinite(times)]
+  return float(np.median(timed)) if timed.size else None
 
 
 def tested_at_end(recorded: dict, val: dict, test: dict) -> dict:

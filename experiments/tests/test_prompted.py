@@ -55,11 +55,15 @@ shutil.copytree(os.path.join(tmp, "ca", key.format(6)), os.path.join(tmp, "ce", 
 for name in "ef":
   run.main(longer + ["--table", os.path.join(tmp, name + ".jsonl.gz"),
                      "--ckpt-dir", os.path.join(tmp, "c" + name)])
+# a run whose last checkpoint is its end (stopped before it was recorded): resumed there, it
+# reports the steps' time its checkpoint kept
+shutil.copytree(os.path.join(tmp, "ca", key.format(6)), os.path.join(tmp, "ch", key.format(6)))
+run.main(common + ["--table", os.path.join(tmp, "h.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "ch")])
 # a run held to a bound it cannot keep: stopped at its first evaluation, the rest recorded
 # as diverged (the tiny model's CE does not rise at any rate, so the bound is below 1)
 run.main(common + ["--diverged", "0.5", "--evals", "3", "--table", os.path.join(tmp, "g.jsonl.gz"),
                    "--ckpt-dir", os.path.join(tmp, "cg")])
-out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in "abcdefg"}}
+out = {{k: list(table.read(os.path.join(tmp, k + ".jsonl.gz"))) for k in "abcdefgh"}}
 out["a_untested"] = a_untested
 out["a_end"] = a_end
 out["cache"] = sorted(os.listdir(os.path.join(tmp, "cache")))
@@ -78,7 +82,7 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert proc.stdout.count("resumed at step 3") == 1, proc.stdout[-3000:]
   # the 8-step run from the 6-step one's checkpoint, and the test scored at that checkpoint
-  assert proc.stdout.count("resumed at step 6") == 2, proc.stdout[-3000:]
+  assert proc.stdout.count("resumed at step 6") == 3, proc.stdout[-3000:]
   assert proc.stdout.count("test at its last checkpoint") == 1, proc.stdout[-3000:]
   assert proc.stdout.count("skipped") == 2, proc.stdout[-3000:]
   out = json.loads((tmp_path / "out.json").read_text())
@@ -118,6 +122,12 @@ def test_run_resumes_bit_for_bit_and_skips_what_is_recorded(tmp_path):
   (e,), (f,) = out["e"], out["f"]
   assert e["losses"] == f["losses"] and e["losses"][:6] == a[0]["losses"]
   assert e["curve"][-1] == f["curve"][-1]
+  # the steps' time: each start's first step (compilation) untimed, the rest kept across a
+  # resumption, so that a run resumed at its end reports the same time as when recorded
+  (h,) = out["h"]
+  assert h["losses"] == untested["losses"] and h["curve"] == untested["curve"]
+  assert untested["sec_per_step"] > 0 and h["sec_per_step"] == untested["sec_per_step"]
+  assert e["sec_per_step"] > 0
   # diverged: two steps run, the evaluations after them recorded as NaN
   (g,) = out["g"]
   assert g["diverged_at"] == 2 and "diverged at step 2, stopped" in proc.stdout
