@@ -136,3 +136,25 @@ def test_first_call_rows_on_the_tiny_llama(tmp_path, monkeypatch):
   assert result["rows"][0]["over_adam"] == 1.0
   assert result["model"] == "tiny" and result["conditions"] == "a test" and result["commit"]
   assert not (tmp_path / "cache").exists()
+
+
+def test_git_commit_marks_changed_code_not_changed_results(tmp_path):
+  """A record's commit says when the code that wrote it was not that commit's: a changed
+  tracked Python file marks it ``-dirty``; a results file written by running jobs does not."""
+  import subprocess
+
+  def git(*args):
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t",
+                    *args], check=True, capture_output=True)
+
+  git("init", "-q")
+  (tmp_path / "run.py").write_text("x = 1\n")
+  (tmp_path / "results.jsonl").write_text("{}\n")
+  git("add", ".")
+  git("commit", "-qm", "first")
+  head = common.git_commit(str(tmp_path))
+  assert head and not head.endswith("-dirty") and head != "unknown"
+  (tmp_path / "results.jsonl").write_text("{}\n{}\n")
+  assert common.git_commit(str(tmp_path)) == head
+  (tmp_path / "run.py").write_text("x = 2\n")
+  assert common.git_commit(str(tmp_path)) == head + "-dirty"

@@ -58,7 +58,8 @@ for name in "ef":
 # a run whose last checkpoint is its end (stopped before it was recorded): resumed there, it
 # reports the steps' time its checkpoint kept
 shutil.copytree(os.path.join(tmp, "ca", key.format(6)), os.path.join(tmp, "ch", key.format(6)))
-run.main(common + ["--table", os.path.join(tmp, "h.jsonl.gz"), "--ckpt-dir", os.path.join(tmp, "ch")])
+run.main(common + ["--table", os.path.join(tmp, "h.jsonl.gz"),
+                   "--ckpt-dir", os.path.join(tmp, "ch")])
 # a run held to a bound it cannot keep: stopped at its first evaluation, the rest recorded
 # as diverged (the tiny model's CE does not rise at any rate, so the bound is below 1)
 run.main(common + ["--diverged", "0.5", "--evals", "3", "--table", os.path.join(tmp, "g.jsonl.gz"),
