@@ -153,17 +153,19 @@ def machine():
 
 
 def git_commit(where: str = os.path.dirname(os.path.abspath(__file__))) -> str:
-  """The short commit of the checkout holding ``where``, with ``-dirty`` when its tracked
-  Python files differ from that commit (results files, written while runs go, do not
-  count), or ``"unknown"`` outside git."""
+  """The short commit of the checkout holding ``where``, with ``-dirty`` when any tracked
+  Python file of the checkout (code or test, anywhere in it) differs from that commit or
+  cannot be compared with it (results files, written while runs go, do not count), or
+  ``"unknown"`` outside git."""
   try:
     head = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    changed = subprocess.run(["git", "-C", where, "diff", "--quiet", "HEAD", "--", "*.py"],
-                             capture_output=True).returncode
+    # ":(top)" reads the pattern from the checkout's root, not from ``where``
+    changed = subprocess.run(["git", "-C", where, "diff", "--quiet", "HEAD", "--",
+                              ":(top)*.py"], capture_output=True).returncode
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
-  return head + ("-dirty" if changed == 1 else "")
+  return head + ("-dirty" if changed != 0 else "")
 
 
 def write_json(path, obj):

@@ -150,6 +150,8 @@ def test_git_commit_marks_changed_code_not_changed_results(tmp_path):
   git("init", "-q")
   (tmp_path / "run.py").write_text("x = 1\n")
   (tmp_path / "results.jsonl").write_text("{}\n")
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "caller.py").write_text("")
   git("add", ".")
   git("commit", "-qm", "first")
   head = common.git_commit(str(tmp_path))
@@ -158,3 +160,5 @@ def test_git_commit_marks_changed_code_not_changed_results(tmp_path):
   assert common.git_commit(str(tmp_path)) == head
   (tmp_path / "run.py").write_text("x = 2\n")
   assert common.git_commit(str(tmp_path)) == head + "-dirty"
+  # asked from a folder of the checkout, it still sees a change anywhere in it
+  assert common.git_commit(str(tmp_path / "sub")) == head + "-dirty"

@@ -325,7 +325,9 @@ def test_prompted_k512_prose_quotes_its_table():
     assert s in prose, s
   tests = {c: report.test_at(records, c, 400) for c in (hizoo["config"], steady_config)}
   t = report.paired(*tests.values())
-  for s in _quoted(t, 100, 1, t=True) + [", ".join(f(d, 100, 1) for d in t["diffs"][:2])]:
+  *first, last = [f(d, 100, 1) for d in t["diffs"]]
+  for s in (f(t["mean"], 100, 1), f"t [{f(t['t_lo'], 100, 1)}, {f(t['t_hi'], 100, 1)}]",
+            f"{', '.join(first)} and {last} by seed"):
     assert s in prose, s
 
 
@@ -367,5 +369,7 @@ def test_prompted_pages_prose_quotes_the_table():
   unnormalised = rows["fzoo_unnormalised"]["B"]  # the FZOO ablation, tuning seeds only
   assert unnormalised["interior"] and f"{unnormalised['tuning_mean']:.3f}" in prose
   assert f"best at {_rate(unnormalised['config'][2])}, interior" in prose
+  half = rows["fzoo_unnormalised"]["B/2"]
+  assert half["interior"] and f"tuned at B/2: {_rate(half['config'][2])}, interior" in prose
   adam = rows["adam"]["reach"]["passes"].values()
   assert f"{min(adam):g}-{max(adam):g} pass-equivalents" in prose
