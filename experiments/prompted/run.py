@@ -293,8 +293,8 @@ def test_steps(steps: int, every: int) -> tuple[int, int]:
 
 def same_curve(recorded: list[dict], rerun: list[dict]) -> float:
   """The largest difference of validation CE between a recorded run and its rerun, as the
-  table stores them (a run resumes and reruns bit for bit on one machine: anything but 0
-  means that it did not reproduce)."""
+  table stores them (inf where their evaluations differ). A run resumes and reruns bit for
+  bit on one machine; :func:`main` bounds what another CPU's rounding may add."""
   if [c["step"] for c in recorded] != [c["step"] for c in rerun]:
     return float("inf")
   rerun = table.compact(rerun)  # as the table stores it

@@ -305,22 +305,22 @@ def test_prompted_k512_prose_quotes_its_table():
     assert s in prose, s
   own = rows["mezo"]["B/2"]["vs_mezo_B"]
   assert f(own["mean"]) in prose and all(f(d) in prose for d in own["diffs"])
-  ref = report.by_config(report.select(records, arm="mezo"), 400)[best["config"]]
+  mezo_runs = report.by_config(report.select(records, arm="mezo"), 400)
+  hizoo_runs = report.by_config(report.select(records, arm="hizoo"), 400)[hizoo["config"]]
+  ref = mezo_runs[best["config"]]
   half = report.paired(report.by_config(report.select(records, arm="hizoo"), 200)[
       hizoo["config"]], ref)
   assert f"{f(half['mean'])} ([{f(half['lo'])}, {f(half['hi'])}])" in prose
   assert all(f(d) in prose for d in half["diffs"])
   # MeZO at the next rate down, read on the confirming seeds against HiZOO and itself
-  steady_config = next(c for c in report.by_config(records, 400)
-                       if c[0] == "mezo" and c[1] == "constant" and c[2] == 1e-3)
-  steady = report.by_config(report.select(records, arm="mezo"), 400)[steady_config]
+  steady_config = next(c for c in mezo_runs if c[1] == "constant" and c[2] == 1e-3)
+  steady = mezo_runs[steady_config]
   assert set(steady) == set(range(5))
   assert f"{np.mean([steady[s] for s in report.TUNING_SEEDS]):.3f}" in prose
   assert f"{steady[2]:.3f}, {steady[3]:.3f} and {steady[4]:.3f} (seeds 2-4)" in prose
   own = report.paired(steady, ref)
   assert f"{abs(own['mean']):.3f} below itself" in prose and own["mean"] < 0
   assert all(f(d) in prose for d in own["diffs"])
-  hizoo_runs = report.by_config(report.select(records, arm="hizoo"), 400)[hizoo["config"]]
   for s in _quoted(report.paired(hizoo_runs, steady), t=True):
     assert s in prose, s
   tests = {c: report.test_at(records, c, 400) for c in (hizoo["config"], steady_config)}
