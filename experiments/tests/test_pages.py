@@ -281,7 +281,8 @@ def test_prompted_k512_prose_quotes_its_table():
   """The k = 512 section's prose quotes tuned MeZO's and tuned HiZOO's rates and tuning means
   from its table, and HiZOO's paired differences with MeZO at B on the confirming seeds:
   validation CE (bootstrap and t intervals), test accuracy, MeZO's own B/2 against its B,
-  and HiZOO's B configuration read at B/2."""
+  and HiZOO's B configuration read at B/2; MeZO at 1e-3 against HiZOO and itself; and FZOO
+  against both MeZO rates."""
   from experiments.prompted import report
 
   begin, end = report.markers(512)
@@ -329,6 +330,30 @@ def test_prompted_k512_prose_quotes_its_table():
   for s in (f(t["mean"], 100, 1), f"t [{f(t['t_lo'], 100, 1)}, {f(t['t_hi'], 100, 1)}]",
             f"{', '.join(first)} and {last} by seed"):
     assert s in prose, s
+  # FZOO at its tuning seeds' rate, on the confirming seeds against tuned MeZO and MeZO at
+  # 1e-3, in validation CE and test accuracy; tuned at B/2 against MeZO's tuning mean at B
+  fzoo = rows["fzoo"]
+  fzoo_runs = report.by_config(report.select(records, arm="fzoo"), 400)[fzoo["B"]["config"]]
+  assert set(fzoo_runs) == set(range(5))
+  assert f"best at {_rate(fzoo['B']['config'][2])}" in prose
+  assert f"mean {fzoo['B']['tuning_mean']:.3f}" in prose
+  p = fzoo["B"]["vs_mezo_B"]
+  assert p["mean"] < 0 and f"{abs(p['mean']):.3f} below tuned MeZO" in prose
+  expected = _quoted(p, t=True)[1:]
+  half = fzoo["B/2"]["vs_mezo_B"]
+  expected += [f(half["mean"]), f"t [{f(half['t_lo'])}, {f(half['t_hi'])}]"]
+  expected += [f(d) for d in half["diffs"]]
+  expected += _quoted(fzoo["B"]["test_vs_mezo_B"], 100, 1, t=True)
+  expected += _quoted(report.paired(fzoo_runs, steady), t=True)
+  expected += [f(d) for d in report.paired(fzoo_runs, steady)["diffs"]]
+  t = report.paired(report.test_at(records, fzoo["B"]["config"], 400), tests[steady_config])
+  expected.append(f"in test accuracy {f(t['mean'], 100, 1)} points (t [{f(t['t_lo'], 100, 1)}, "
+                  f"{f(t['t_hi'], 100, 1)}]; {', '.join(f(d, 100, 1) for d in t['diffs'][:-1])} "
+                  f"and {f(t['diffs'][-1], 100, 1)} by seed")
+  expected += [f"{fzoo['B/2']['tuning_mean']:.3f}", f"{best['tuning_mean']:.3f} at B"]
+  for s in expected:
+    assert s in prose, s
+  assert fzoo["B/2"]["tuning_mean"] > best["tuning_mean"]
 
 
 def test_prompted_pages_prose_quotes_the_table():
