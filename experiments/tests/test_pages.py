@@ -396,6 +396,46 @@ def test_prompted_k512_prose_quotes_its_table():
     assert s in prose, s
   assert fzoo["B/2"]["tuning_mean"] > best["tuning_mean"]
 
+  # MeZO at batch 32, on the tuning seeds only: tuned MeZO's rate, interior, its neighbours
+  # and its tuning means at B and B/2 as quoted; it reaches MeZO's CE at B only at B
+  b32 = rows["mezo_batch32"]
+  assert b32["B"]["interior"] and b32["B"]["config"][2] == best["config"][2]
+  assert set(b32["B"]["values"]) == set(report.TUNING_SEEDS)
+  assert b32["reach"]["passes"] == {s: 400.0 for s in report.TUNING_SEEDS}
+  grid = report.by_config(report.select(records, arm="mezo_batch32"), 400)
+  lo = next(v for c, v in grid.items() if c[2] == 1e-3)
+  hi = next(v for c, v in grid.items() if c[2] == 3e-3)
+  (diverged,) = [r for r in report.select(records, arm="mezo_batch32", seed=0)
+                 if r["lr"] == 3e-3]
+  ce = {c["passes"]: c["ce"] for c in diverged["curve"]}
+  assert ce[400] - min(ce.values()) > 0.05
+  for s in (f"1e-3 ends at {lo[0]:.3f} and {lo[1]:.3f}",
+            f"{ce[400]:.3f} at B from {ce[300]:.3f} at 300 passes",
+            f"ends at {hi[1]:.3f} on seed 1",
+            f"mean of {b32['B']['tuning_mean']:.3f} against batch 16's {best['tuning_mean']:.3f}",
+            f"tuned at B/2 it ends at {b32['B/2']['tuning_mean']:.3f}: no halving",
+            "only at B, on both tuning seeds", "It ran on the tuning seeds only"):
+    assert s in prose, s
+  assert b32["B/2"]["tuning_mean"] > best["tuning_mean"]
+  # its curve falls through the last 100 passes on both seeds; batch 16's turned up on seed 0
+  for r in report.select(records, arm="mezo_batch32"):
+    if report.config(r) == b32["B"]["config"]:
+      ce = {c["passes"]: c["ce"] for c in r["curve"]}
+      assert ce[400] < ce[300], r["seed"]
+  late = report.by_config(report.select(records, arm="mezo"), 300)[best["config"]]
+  assert ref[0] > late[0] and ref[1] < late[1]
+
+  # first-order Adam: below tuned MeZO's CE at B by its first evaluation on both seeds
+  adam = rows["adam"]
+  (first,) = set(adam["reach"]["passes"].values())
+  halfway = adam["B/2"]["values"]
+  assert first == min(c["passes"] for r in report.select(records, arm="adam")
+                      for c in r["curve"] if c["passes"] > 0)
+  for s in (f"by its first evaluation, {first:.0f} pass-equivalents, on both tuning seeds",
+            f"at 198 it is at {halfway[0]:.3f} and {halfway[1]:.3f}, against MeZO's "
+            f"{ref[0]:.3f} and {ref[1]:.3f} at B", f"within {first:.0f} pass-equivalents"):
+    assert s in prose, s
+
 
 def test_prompted_pages_prose_quotes_the_table():
   """The numbers "What it says" quotes are the table's: each confirmed arm's paired
