@@ -281,8 +281,8 @@ def test_prompted_k512_prose_quotes_its_table():
   """The k = 512 section's prose quotes tuned MeZO's and tuned HiZOO's rates and tuning means
   from its table, and HiZOO's paired differences with MeZO at B on the confirming seeds:
   validation CE (bootstrap and t intervals), test accuracy, MeZO's own B/2 against its B,
-  and HiZOO's B configuration read at B/2; MeZO at 1e-3 against HiZOO and itself; and FZOO
-  against both MeZO rates."""
+  and HiZOO's B configuration read at B/2; MeZO at 1e-3 against HiZOO and itself; FZOO
+  against both MeZO rates; MeZO at batch 32 and first-order Adam on the tuning seeds."""
   from experiments.prompted import report
 
   begin, end = report.markers(512)
@@ -400,15 +400,22 @@ def test_prompted_k512_prose_quotes_its_table():
   # and its tuning means at B and B/2 as quoted; it reaches MeZO's CE at B only at B
   b32 = rows["mezo_batch32"]
   assert b32["B"]["interior"] and b32["B"]["config"][2] == best["config"][2]
+  assert f"is best at {_rate(b32['B']['config'][2])} again, interior" in prose
   assert set(b32["B"]["values"]) == set(report.TUNING_SEEDS)
+  assert abs(b32["B"]["tuning_mean"] - best["tuning_mean"]) < 0.005  # "ends level"
+  # at k = 16 batch 32 held the rate that diverged at batch 16
+  k16 = {r["arm"]: r for r in report.summary(report.read(), 400)}["mezo_batch32"]["B"]
+  assert f"held {_rate(k16['config'][2])} stable" in prose
   assert b32["reach"]["passes"] == {s: 400.0 for s in report.TUNING_SEEDS}
   grid = report.by_config(report.select(records, arm="mezo_batch32"), 400)
   lo = next(v for c, v in grid.items() if c[2] == 1e-3)
   hi = next(v for c, v in grid.items() if c[2] == 3e-3)
-  (diverged,) = [r for r in report.select(records, arm="mezo_batch32", seed=0)
-                 if r["lr"] == 3e-3]
+  left = [r for r in report.select(records, arm="mezo_batch32") if r["lr"] == 3e-3
+          and r["curve"][-1]["ce"] - min(c["ce"] for c in r["curve"]) > 0.05]
+  (diverged,) = left
   ce = {c["passes"]: c["ce"] for c in diverged["curve"]}
-  assert ce[400] - min(ce.values()) > 0.05
+  assert f"leaves the basin on seed {diverged['seed']}" in prose
+  assert f"sentences does not on seed {diverged['seed']}" in prose
   for s in (f"1e-3 ends at {lo[0]:.3f} and {lo[1]:.3f}",
             f"{ce[400]:.3f} at B from {ce[300]:.3f} at 300 passes",
             f"ends at {hi[1]:.3f} on seed 1",
@@ -422,17 +429,25 @@ def test_prompted_k512_prose_quotes_its_table():
     if report.config(r) == b32["B"]["config"]:
       ce = {c["passes"]: c["ce"] for c in r["curve"]}
       assert ce[400] < ce[300], r["seed"]
+  assert "falls through its last 100 passes on both tuning seeds" in prose
   late = report.by_config(report.select(records, arm="mezo"), 300)[best["config"]]
-  assert ref[0] > late[0] and ref[1] < late[1]
+  (up,) = [s for s in report.TUNING_SEEDS if ref[s] > late[s]]
+  assert f"batch 16's at the same rate turned up on seed {up}" in prose
+  assert "MeZO at batch 32 and first-order Adam on the tuning seeds" in prose
 
   # first-order Adam: below tuned MeZO's CE at B by its first evaluation on both seeds
+  # at k = 16's rate, untuned here
   adam = rows["adam"]
+  k16 = {r["arm"]: r for r in report.summary(report.read(), 400)}["adam"]["B/2"]["config"]
+  assert adam["B/2"]["config"] == k16 and not adam["B/2"]["interior"]
+  assert f"At {_rate(k16[2])} (k = 16's choice, not tuned here)" in prose
   (first,) = set(adam["reach"]["passes"].values())
   halfway = adam["B/2"]["values"]
-  assert first == min(c["passes"] for r in report.select(records, arm="adam")
-                      for c in r["curve"] if c["passes"] > 0)
+  evals = {c["passes"] for r in report.select(records, arm="adam") for c in r["curve"]}
+  assert first == min(evals - {0})
+  read = max(p for p in evals if p <= 200)  # the evaluation that serves B/2
   for s in (f"by its first evaluation, {first:.0f} pass-equivalents, on both tuning seeds",
-            f"at 198 it is at {halfway[0]:.3f} and {halfway[1]:.3f}, against MeZO's "
+            f"at {read:.0f} it is at {halfway[0]:.3f} and {halfway[1]:.3f}, against MeZO's "
             f"{ref[0]:.3f} and {ref[1]:.3f} at B", f"within {first:.0f} pass-equivalents"):
     assert s in prose, s
 
