@@ -403,9 +403,9 @@ def test_prompted_k512_prose_quotes_its_table():
   assert f"is best at {_rate(b32['B']['config'][2])} again, interior" in prose
   assert set(b32["B"]["values"]) == set(report.TUNING_SEEDS)
   assert abs(b32["B"]["tuning_mean"] - best["tuning_mean"]) < 0.005  # "ends level"
-  # at k = 16 batch 32 held the rate that diverged at batch 16
-  k16 = {r["arm"]: r for r in report.summary(report.read(), 400)}["mezo_batch32"]["B"]
-  assert f"held {_rate(k16['config'][2])} stable" in prose
+  # at k = 16 batch 32 held a rate that diverged at batch 16
+  rows16 = {r["arm"]: r for r in report.summary(report.read(), 400)}
+  assert f"held {_rate(rows16['mezo_batch32']['B']['config'][2])} stable" in prose
   assert b32["reach"]["passes"] == {s: 400.0 for s in report.TUNING_SEEDS}
   grid = report.by_config(report.select(records, arm="mezo_batch32"), 400)
   lo = next(v for c, v in grid.items() if c[2] == 1e-3)
@@ -435,17 +435,17 @@ def test_prompted_k512_prose_quotes_its_table():
   assert f"batch 16's at the same rate turned up on seed {up}" in prose
   assert "MeZO at batch 32 and first-order Adam on the tuning seeds" in prose
 
-  # first-order Adam: below tuned MeZO's CE at B by its first evaluation on both seeds
-  # at k = 16's rate, untuned here
+  # first-order Adam at k = 16's rate, untuned here: below tuned MeZO's CE at B by its
+  # first evaluation on both seeds
   adam = rows["adam"]
-  k16 = {r["arm"]: r for r in report.summary(report.read(), 400)}["adam"]["B/2"]["config"]
+  k16 = rows16["adam"]["B/2"]["config"]
   assert adam["B/2"]["config"] == k16 and not adam["B/2"]["interior"]
   assert f"At {_rate(k16[2])} (k = 16's choice, not tuned here)" in prose
   (first,) = set(adam["reach"]["passes"].values())
   halfway = adam["B/2"]["values"]
   evals = {c["passes"] for r in report.select(records, arm="adam") for c in r["curve"]}
   assert first == min(evals - {0})
-  read = max(p for p in evals if p <= 200)  # the evaluation that serves B/2
+  read = max(e for e in evals if e <= 200)  # the evaluation that serves B/2
   for s in (f"by its first evaluation, {first:.0f} pass-equivalents, on both tuning seeds",
             f"at {read:.0f} it is at {halfway[0]:.3f} and {halfway[1]:.3f}, against MeZO's "
             f"{ref[0]:.3f} and {ref[1]:.3f} at B", f"within {first:.0f} pass-equivalents"):
