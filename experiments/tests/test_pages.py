@@ -352,7 +352,7 @@ def test_prompted_k512_prose_quotes_its_table():
                f"{f(steady_diff['t_hi'])}]; {', '.join(first)} and {last} by seed"]
   # by seed: first the two where tuned MeZO's validation accuracy fell most in its last 100
   # passes, then the others in seed order
-  fall = {r["seed"]: r["curve"][-2]["accuracy"] - r["curve"][-1]["accuracy"]
+  fall = {r["seed"]: report.point_at(r, 300)["accuracy"] - report.point_at(r, 400)["accuracy"]
           for r in report.select(records, arm="mezo") if report.config(r) == best["config"]}
   most = sorted(fall, key=fall.get, reverse=True)[:2]
   p = fzoo["B"]["test_vs_mezo_B"]
@@ -379,8 +379,7 @@ def test_prompted_k512_prose_quotes_its_table():
   assert min(means) == fzoo["B"]["tuning_mean"]
   for r in report.select(records, arm="fzoo"):
     if report.config(r) == fzoo["B"]["config"]:
-      ce = {c["passes"]: c["ce"] for c in r["curve"]}
-      assert ce[396] < ce[297], r["seed"]
+      assert report.value_at(r, 400) < report.value_at(r, 300), r["seed"]
   # the setting "What to use" names is the one these runs used
   k16 = hz.presets.MEASURED["smollm2_prompted_lora"]["fzoo"]
   assert fzoo["B/2"]["config"] == fzoo["B"]["config"]
@@ -410,14 +409,13 @@ def test_prompted_k512_prose_quotes_its_table():
   grid = report.by_config(report.select(records, arm="mezo_batch32"), 400)
   lo = next(v for c, v in grid.items() if c[2] == 1e-3)
   hi = next(v for c, v in grid.items() if c[2] == 3e-3)
-  left = [r for r in report.select(records, arm="mezo_batch32") if r["lr"] == 3e-3
-          and r["curve"][-1]["ce"] - min(c["ce"] for c in r["curve"]) > 0.05]
-  (diverged,) = left
-  ce = {c["passes"]: c["ce"] for c in diverged["curve"]}
+  (diverged,) = [r for r in report.select(records, arm="mezo_batch32") if r["lr"] == 3e-3
+                 and report.value_at(r, 400) - min(c["ce"] for c in r["curve"]) > 0.05]
   assert f"leaves the basin on seed {diverged['seed']}" in prose
   assert f"sentences does not on seed {diverged['seed']}" in prose
   for s in (f"1e-3 ends at {lo[0]:.3f} and {lo[1]:.3f}",
-            f"{ce[400]:.3f} at B from {ce[300]:.3f} at 300 passes",
+            f"{report.value_at(diverged, 400):.3f} at B from "
+            f"{report.value_at(diverged, 300):.3f} at 300 passes",
             f"ends at {hi[1]:.3f} on seed 1",
             f"mean of {b32['B']['tuning_mean']:.3f} against batch 16's {best['tuning_mean']:.3f}",
             f"tuned at B/2 it ends at {b32['B/2']['tuning_mean']:.3f}: no halving",
@@ -427,8 +425,7 @@ def test_prompted_k512_prose_quotes_its_table():
   # its curve falls through the last 100 passes on both seeds; batch 16's turned up on seed 0
   for r in report.select(records, arm="mezo_batch32"):
     if report.config(r) == b32["B"]["config"]:
-      ce = {c["passes"]: c["ce"] for c in r["curve"]}
-      assert ce[400] < ce[300], r["seed"]
+      assert report.value_at(r, 400) < report.value_at(r, 300), r["seed"]
   assert "falls through its last 100 passes on both tuning seeds" in prose
   late = report.by_config(report.select(records, arm="mezo"), 300)[best["config"]]
   (up,) = [s for s in report.TUNING_SEEDS if ref[s] > late[s]]
@@ -443,9 +440,9 @@ def test_prompted_k512_prose_quotes_its_table():
   assert f"At {_rate(k16[2])} (k = 16's choice, not tuned here)" in prose
   (first,) = set(adam["reach"]["passes"].values())
   halfway = adam["B/2"]["values"]
-  evals = {c["passes"] for r in report.select(records, arm="adam") for c in r["curve"]}
-  assert first == min(evals - {0})
-  read = max(e for e in evals if e <= 200)  # the evaluation that serves B/2
+  runs = report.select(records, arm="adam")
+  assert first == min(c["passes"] for r in runs for c in r["curve"] if c["passes"] > 0)
+  (read,) = {report.point_at(r, 200)["passes"] for r in runs}  # the evaluation serving B/2
   for s in (f"by its first evaluation, {first:.0f} pass-equivalents, on both tuning seeds",
             f"at {read:.0f} it is at {halfway[0]:.3f} and {halfway[1]:.3f}, against MeZO's "
             f"{ref[0]:.3f} and {ref[1]:.3f} at B", f"within {first:.0f} pass-equivalents"):
