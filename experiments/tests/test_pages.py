@@ -277,68 +277,95 @@ def test_prompted_page_is_the_prompted_table(k):
   assert f"figures/{name}" in text and name in figures.files()
 
 
-def test_prompted_k512_prose_quotes_its_table():
-  """The k = 512 section's prose quotes tuned MeZO's and tuned HiZOO's rates and tuning means
-  from its table, and HiZOO's paired differences with MeZO at B on the confirming seeds:
-  validation CE (bootstrap and t intervals), test accuracy, MeZO's own B/2 against its B,
-  and HiZOO's B configuration read at B/2; MeZO at 1e-3 against HiZOO and itself; FZOO
-  against both MeZO rates; MeZO at batch 32 and first-order Adam on the tuning seeds."""
+class K512:
+  """What the k = 512 section's prose is checked against: the prose itself (generated tables
+  left out), the task's records, each arm's summary, tuned MeZO's configuration and runs at
+  B, MeZO at the next rate down, and k = 16's summary."""
+
+  def __init__(self):
+    from experiments.prompted import report
+
+    begin, end = report.markers(512)
+    text = _section(_page(os.path.join("results", "prompted.md")), "## k = 512 per class")
+    self.prose = text.split(begin)[0] + text.split(end)[1]
+    self.records = report.read(k=512)
+    self.rows = {r["arm"]: r for r in report.summary(self.records, 400)}
+    self.rows16 = {r["arm"]: r for r in report.summary(report.read(), 400)}
+    self.best = self.rows["mezo"]["B"]
+    self.mezo_runs = report.by_config(report.select(self.records, arm="mezo"), 400)
+    self.ref = self.mezo_runs[self.best["config"]]
+    self.steady_config = next(c for c in self.mezo_runs
+                              if c[1] == "constant" and c[2] == 1e-3)
+    self.steady = self.mezo_runs[self.steady_config]
+    self.steady_test = report.test_at(self.records, self.steady_config, 400)
+
+  def has(self, *quotes: str) -> None:
+    for s in quotes:
+      assert s in self.prose, s
+
+
+@pytest.fixture(scope="module")
+def k512() -> K512:
+  return K512()
+
+
+def test_prompted_k512_prose_quotes_mezo_and_hizoo(k512):
+  """Tuned MeZO's and tuned HiZOO's rates and tuning means, HiZOO's paired differences with
+  MeZO at B on the confirming seeds (validation CE with bootstrap and t intervals, test
+  accuracy), MeZO's own B/2 against its B and HiZOO's B configuration read at B/2."""
   from experiments.prompted import report
 
-  begin, end = report.markers(512)
-  text = _section(_page(os.path.join("results", "prompted.md")), "## k = 512 per class")
-  prose = text.split(begin)[0] + text.split(end)[1]  # the generated tables left out
-  records = report.read(k=512)
-  rows = {r["arm"]: r for r in report.summary(records, 400)}
-  best = rows["mezo"]["B"]
+  prose, records, best, f = k512.prose, k512.records, k512.best, _signed
   assert best["interior"]
-  assert f"best constant rate is {_rate(best['config'][2])} again" in prose
-  assert f"{best['tuning_mean']:.3f}" in prose
-  hizoo = rows["hizoo"]["B"]
+  k512.has(f"best constant rate is {_rate(best['config'][2])} again",
+           f"{best['tuning_mean']:.3f}")
+  hizoo = k512.rows["hizoo"]["B"]
   assert hizoo["interior"] and hizoo["config"][2] == best["config"][2]
-  assert f"α {_rate(hizoo['config'][4])}" in prose
-  assert f"{hizoo['tuning_mean']:.3f}" in prose
-
-  f = _signed
+  k512.has(f"α {_rate(hizoo['config'][4])}", f"{hizoo['tuning_mean']:.3f}")
   p = hizoo["vs_mezo_B"]
   assert len(p["seeds"]) == 3
-  for s in _quoted(p, t=True) + _quoted(hizoo["test_vs_mezo_B"], 100, 1, t=True):
-    assert s in prose, s
-  own = rows["mezo"]["B/2"]["vs_mezo_B"]
+  k512.has(*_quoted(p, t=True), *_quoted(hizoo["test_vs_mezo_B"], 100, 1, t=True))
+  own = k512.rows["mezo"]["B/2"]["vs_mezo_B"]
   assert f(own["mean"]) in prose and all(f(d) in prose for d in own["diffs"])
-  mezo_runs = report.by_config(report.select(records, arm="mezo"), 400)
-  hizoo_runs = report.by_config(report.select(records, arm="hizoo"), 400)[hizoo["config"]]
-  ref = mezo_runs[best["config"]]
   half = report.paired(report.by_config(report.select(records, arm="hizoo"), 200)[
-      hizoo["config"]], ref)
+      hizoo["config"]], k512.ref)
   assert f"{f(half['mean'])} ([{f(half['lo'])}, {f(half['hi'])}])" in prose
   assert all(f(d) in prose for d in half["diffs"])
-  # MeZO at the next rate down, read on the confirming seeds against HiZOO and itself
-  steady_config = next(c for c in mezo_runs if c[1] == "constant" and c[2] == 1e-3)
-  steady = mezo_runs[steady_config]
+
+
+def test_prompted_k512_prose_quotes_mezo_at_the_steadier_rate(k512):
+  """MeZO at 1e-3, read on the confirming seeds against HiZOO (validation CE and test
+  accuracy) and against itself at the tuned rate."""
+  from experiments.prompted import report
+
+  prose, records, steady, f = k512.prose, k512.records, k512.steady, _signed
   assert set(steady) == set(range(5))
-  assert f"{np.mean([steady[s] for s in report.TUNING_SEEDS]):.3f}" in prose
-  assert f"{steady[2]:.3f}, {steady[3]:.3f} and {steady[4]:.3f} (seeds 2-4)" in prose
-  own = report.paired(steady, ref)
+  k512.has(f"{np.mean([steady[s] for s in report.TUNING_SEEDS]):.3f}",
+           f"{steady[2]:.3f}, {steady[3]:.3f} and {steady[4]:.3f} (seeds 2-4)")
+  own = report.paired(steady, k512.ref)
   assert f"{abs(own['mean']):.3f} below itself" in prose and own["mean"] < 0
   assert all(f(d) in prose for d in own["diffs"])
-  for s in _quoted(report.paired(hizoo_runs, steady), t=True):
-    assert s in prose, s
-  tests = {c: report.test_at(records, c, 400) for c in (hizoo["config"], steady_config)}
-  t = report.paired(*tests.values())
+  hizoo = k512.rows["hizoo"]["B"]["config"]
+  k512.has(*_quoted(report.paired(
+      report.by_config(report.select(records, arm="hizoo"), 400)[hizoo], steady), t=True))
+  t = report.paired(report.test_at(records, hizoo, 400), k512.steady_test)
   *first, last = [f(d, 100, 1) for d in t["diffs"]]
-  for s in (f(t["mean"], 100, 1), f"t [{f(t['t_lo'], 100, 1)}, {f(t['t_hi'], 100, 1)}]",
-            f"{', '.join(first)} and {last} by seed"):
-    assert s in prose, s
-  # FZOO at its tuning seeds' rate, on the confirming seeds against tuned MeZO and MeZO at
-  # 1e-3, in validation CE and test accuracy; tuned at B/2 against MeZO's tuning mean at B
-  import hizoo_jax as hz
+  k512.has(f(t["mean"], 100, 1), f"t [{f(t['t_lo'], 100, 1)}, {f(t['t_hi'], 100, 1)}]",
+           f"{', '.join(first)} and {last} by seed")
 
-  fzoo = rows["fzoo"]
+
+def test_prompted_k512_prose_quotes_fzoo(k512):
+  """FZOO at its tuning seeds' rate: interior, the package's setting, the lowest tuning mean
+  at B, falling through its last 100 passes; on the confirming seeds against tuned MeZO and
+  MeZO at 1e-3 in validation CE and test accuracy; tuned at B/2 against MeZO at B."""
+  import hizoo_jax as hz
+  from experiments.prompted import report
+
+  prose, records, best, f = k512.prose, k512.records, k512.best, _signed
+  fzoo = k512.rows["fzoo"]
   fzoo_runs = report.by_config(report.select(records, arm="fzoo"), 400)[fzoo["B"]["config"]]
   assert set(fzoo_runs) == set(range(5))
-  assert f"best at {_rate(fzoo['B']['config'][2])}" in prose
-  assert f"mean {fzoo['B']['tuning_mean']:.3f}" in prose
+  k512.has(f"best at {_rate(fzoo['B']['config'][2])}", f"mean {fzoo['B']['tuning_mean']:.3f}")
   p = fzoo["B"]["vs_mezo_B"]
   assert p["mean"] < 0 and f"{abs(p['mean']):.3f} below tuned MeZO" in prose
   expected = _quoted(p, t=True)[1:]
@@ -346,7 +373,7 @@ def test_prompted_k512_prose_quotes_its_table():
   expected += [f(half["mean"]), f"t [{f(half['t_lo'])}, {f(half['t_hi'])}]"]
   expected += [f(d) for d in half["diffs"]]
   expected += _quoted(fzoo["B"]["test_vs_mezo_B"], 100, 1, t=True)
-  steady_diff = report.paired(fzoo_runs, steady)
+  steady_diff = report.paired(fzoo_runs, k512.steady)
   *first, last = [f(d) for d in steady_diff["diffs"]]
   expected += [f"{f(steady_diff['mean'])} (t [{f(steady_diff['t_lo'])}, "
                f"{f(steady_diff['t_hi'])}]; {', '.join(first)} and {last} by seed"]
@@ -373,9 +400,10 @@ def test_prompted_k512_prose_quotes_its_table():
   setting = hz.presets.MEASURED["smollm2_prompted_lora_k512"]["fzoo"]
   assert setting["learning_rate"] == fzoo["B"]["config"][2]
   assert 'hz.presets.measured("fzoo", "smollm2_prompted_lora_k512")' in prose
-  # the lowest tuning mean of any configuration, and falling through the last 100 passes
-  means = [np.mean([v[s] for s in report.TUNING_SEEDS]) for v in report.by_config(
-      records, 400).values() if all(s in v for s in report.TUNING_SEEDS)]
+  # the lowest tuning mean of any zeroth-order configuration, and falling through the last
+  # 100 passes
+  means = [np.mean([v[s] for s in report.TUNING_SEEDS]) for c, v in report.by_config(
+      records, 400).items() if c[0] != "adam" and all(s in v for s in report.TUNING_SEEDS)]
   assert min(means) == fzoo["B"]["tuning_mean"]
   for r in report.select(records, arm="fzoo"):
     if report.config(r) == fzoo["B"]["config"]:
@@ -386,67 +414,71 @@ def test_prompted_k512_prose_quotes_its_table():
   assert k16["learning_rate"] == fzoo["B"]["config"][2]
   assert report.passes_per_step(records, fzoo["B"]["config"]) == k16["num_directions"] + 1
   assert {r["mu"] for r in report.select(records, arm="fzoo")} == {k16["mu"]}
-  t = report.paired(report.test_at(records, fzoo["B"]["config"], 400), tests[steady_config])
+  t = report.paired(report.test_at(records, fzoo["B"]["config"], 400), k512.steady_test)
   expected.append(f"in test accuracy {f(t['mean'], 100, 1)} points (t [{f(t['t_lo'], 100, 1)}, "
                   f"{f(t['t_hi'], 100, 1)}]; {', '.join(f(d, 100, 1) for d in t['diffs'][:-1])} "
                   f"and {f(t['diffs'][-1], 100, 1)} by seed")
   expected += [f"{fzoo['B/2']['tuning_mean']:.3f}", f"{best['tuning_mean']:.3f} at B"]
-  for s in expected:
-    assert s in prose, s
+  k512.has(*expected)
   assert fzoo["B/2"]["tuning_mean"] > best["tuning_mean"]
 
-  # MeZO at batch 32, on the tuning seeds only: tuned MeZO's rate, interior, its neighbours
-  # and its tuning means at B and B/2 as quoted; it reaches MeZO's CE at B only at B
-  b32 = rows["mezo_batch32"]
+
+def test_prompted_k512_prose_quotes_mezo_at_batch_32(k512):
+  """MeZO at batch 32, on the tuning seeds only: tuned MeZO's rate, interior, its neighbours
+  and its tuning means at B and B/2 as quoted; it reaches MeZO's CE at B only at B."""
+  from experiments.prompted import report
+
+  prose, records, best = k512.prose, k512.records, k512.best
+  b32 = k512.rows["mezo_batch32"]
   assert b32["B"]["interior"] and b32["B"]["config"][2] == best["config"][2]
   assert f"is best at {_rate(b32['B']['config'][2])} again, interior" in prose
   assert set(b32["B"]["values"]) == set(report.TUNING_SEEDS)
   assert abs(b32["B"]["tuning_mean"] - best["tuning_mean"]) < 0.005  # "ends level"
   # at k = 16 batch 32 held a rate that diverged at batch 16
-  rows16 = {r["arm"]: r for r in report.summary(report.read(), 400)}
-  assert f"held {_rate(rows16['mezo_batch32']['B']['config'][2])} stable" in prose
+  assert f"held {_rate(k512.rows16['mezo_batch32']['B']['config'][2])} stable" in prose
   assert b32["reach"]["passes"] == {s: 400.0 for s in report.TUNING_SEEDS}
   grid = report.by_config(report.select(records, arm="mezo_batch32"), 400)
   lo = next(v for c, v in grid.items() if c[2] == 1e-3)
   hi = next(v for c, v in grid.items() if c[2] == 3e-3)
   (diverged,) = [r for r in report.select(records, arm="mezo_batch32") if r["lr"] == 3e-3
                  and report.value_at(r, 400) - min(c["ce"] for c in r["curve"]) > 0.05]
-  assert f"leaves the basin on seed {diverged['seed']}" in prose
-  assert f"sentences does not on seed {diverged['seed']}" in prose
-  for s in (f"1e-3 ends at {lo[0]:.3f} and {lo[1]:.3f}",
-            f"{report.value_at(diverged, 400):.3f} at B from "
-            f"{report.value_at(diverged, 300):.3f} at 300 passes",
-            f"ends at {hi[1]:.3f} on seed 1",
-            f"mean of {b32['B']['tuning_mean']:.3f} against batch 16's {best['tuning_mean']:.3f}",
-            f"tuned at B/2 it ends at {b32['B/2']['tuning_mean']:.3f}: no halving",
-            "only at B, on both tuning seeds", "It ran on the tuning seeds only"):
-    assert s in prose, s
+  k512.has(f"leaves the basin on seed {diverged['seed']}",
+           f"sentences does not on seed {diverged['seed']}",
+           f"1e-3 ends at {lo[0]:.3f} and {lo[1]:.3f}",
+           f"{report.value_at(diverged, 400):.3f} at B from "
+           f"{report.value_at(diverged, 300):.3f} at 300 passes",
+           f"ends at {hi[1]:.3f} on seed 1",
+           f"mean of {b32['B']['tuning_mean']:.3f} against batch 16's {best['tuning_mean']:.3f}",
+           f"tuned at B/2 it ends at {b32['B/2']['tuning_mean']:.3f}: no halving",
+           "only at B, on both tuning seeds", "It ran on the tuning seeds only")
   assert b32["B/2"]["tuning_mean"] > best["tuning_mean"]
   # its curve falls through the last 100 passes on both seeds; batch 16's turned up on seed 0
   for r in report.select(records, arm="mezo_batch32"):
     if report.config(r) == b32["B"]["config"]:
       assert report.value_at(r, 400) < report.value_at(r, 300), r["seed"]
-  assert "falls through its last 100 passes on both tuning seeds" in prose
   late = report.by_config(report.select(records, arm="mezo"), 300)[best["config"]]
-  (up,) = [s for s in report.TUNING_SEEDS if ref[s] > late[s]]
-  assert f"batch 16's at the same rate turned up on seed {up}" in prose
-  assert "MeZO at batch 32 and first-order Adam on the tuning seeds" in prose
+  (up,) = [s for s in report.TUNING_SEEDS if k512.ref[s] > late[s]]
+  k512.has("falls through its last 100 passes on both tuning seeds",
+           f"batch 16's at the same rate turned up on seed {up}",
+           "MeZO at batch 32 and first-order Adam on the tuning seeds")
 
-  # first-order Adam at k = 16's rate, untuned here: below tuned MeZO's CE at B by its
-  # first evaluation on both seeds
-  adam = rows["adam"]
-  k16 = rows16["adam"]["B/2"]["config"]
+def test_prompted_k512_prose_quotes_adam(k512):
+  """First-order Adam at k = 16's rate, untuned here: below tuned MeZO's CE at B by its first
+  evaluation on both tuning seeds, and its CE at the evaluation that serves B/2."""
+  from experiments.prompted import report
+
+  adam, ref = k512.rows["adam"], k512.ref
+  k16 = k512.rows16["adam"]["B/2"]["config"]
   assert adam["B/2"]["config"] == k16 and not adam["B/2"]["interior"]
-  assert f"At {_rate(k16[2])} (k = 16's choice, not tuned here)" in prose
   (first,) = set(adam["reach"]["passes"].values())
   halfway = adam["B/2"]["values"]
-  runs = report.select(records, arm="adam")
+  runs = report.select(k512.records, arm="adam")
   assert first == min(c["passes"] for r in runs for c in r["curve"] if c["passes"] > 0)
   (read,) = {report.point_at(r, 200)["passes"] for r in runs}  # the evaluation serving B/2
-  for s in (f"by its first evaluation, {first:.0f} pass-equivalents, on both tuning seeds",
-            f"at {read:.0f} it is at {halfway[0]:.3f} and {halfway[1]:.3f}, against MeZO's "
-            f"{ref[0]:.3f} and {ref[1]:.3f} at B", f"within {first:.0f} pass-equivalents"):
-    assert s in prose, s
+  k512.has(f"At {_rate(k16[2])} (k = 16's choice, not tuned here)",
+           f"by its first evaluation, {first:.0f} pass-equivalents, on both tuning seeds",
+           f"at {read:.0f} it is at {halfway[0]:.3f} and {halfway[1]:.3f}, against MeZO's "
+           f"{ref[0]:.3f} and {ref[1]:.3f} at B", f"within {first:.0f} pass-equivalents")
 
 
 def test_prompted_pages_prose_quotes_the_table():
