@@ -460,25 +460,81 @@ def test_prompted_k512_prose_quotes_mezo_at_batch_32(k512):
   (up,) = [s for s in report.TUNING_SEEDS if k512.ref[s] > late[s]]
   k512.has("falls through its last 100 passes on both tuning seeds",
            f"batch 16's at the same rate turned up on seed {up}",
-           "MeZO at batch 32 and first-order Adam on the tuning seeds")
+           "MeZO at batch 32, ZO-Muon and first-order Adam on the tuning seeds")
 
-def test_prompted_k512_prose_quotes_adam(k512):
-  """First-order Adam at k = 16's rate, untuned here: below tuned MeZO's CE at B by its first
-  evaluation on both tuning seeds, and its CE at the evaluation that serves B/2."""
+def test_prompted_k512_prose_quotes_zo_muon(k512):
+  """ZO-Muon on the tuning seeds: k = 16's rate best at B, its neighbours as quoted, its
+  grid open above while 3e-1 lacks seed 1; its late rise; tuned at B/2 the lowest
+  zeroth-order B/2 mean, below tuned MeZO's at B on one seed and above it on the other."""
   from experiments.prompted import report
 
-  adam, ref = k512.rows["adam"], k512.ref
-  k16 = k512.rows16["adam"]["B/2"]["config"]
-  assert adam["B/2"]["config"] == k16 and not adam["B/2"]["interior"]
-  (first,) = set(adam["reach"]["passes"].values())
-  halfway = adam["B/2"]["values"]
+  records, best, ref = k512.records, k512.best, k512.ref
+  zo = k512.rows["zo_muon"]
+  rate = k512.rows16["zo_muon"]["B"]["config"][2]
+  assert zo["B"]["config"][2] == zo["B/2"]["config"][2] == rate
+  grid = report.by_config(report.select(records, arm="zo_muon"), 400)
+  down = next(v for c, v in grid.items() if c[2] == 3e-2)
+  (up,) = [r for r in report.select(records, arm="zo_muon") if r["lr"] == 3e-1]
+  assert not zo["B"]["interior"] and up["seed"] == 0  # 3e-1 on seed 1 has not run
+  assert report.point_at(up, 100)["accuracy"] < 0.5  # at chance from 100 passes
+  chosen = {r["seed"]: r for r in report.select(records, arm="zo_muon")
+            if report.config(r) == zo["B"]["config"]}
+  rises = [f"{report.value_at(chosen[s], 300):.3f} to {report.value_at(chosen[s], 400):.3f}"
+           for s in report.TUNING_SEEDS]
+  assert all(report.value_at(r, 400) > report.value_at(r, 300) for r in chosen.values())
+  half = zo["B/2"]["values"]
+  assert zo["B/2"]["tuning_mean"] < best["tuning_mean"]
+  assert half[0] < ref[0] and half[1] > ref[1]
+  late = report.by_config(report.select(records, arm="mezo"), 300)[best["config"]]
+  assert ref[0] > late[0]  # "where MeZO turned up late"
+  others = [r["B/2"]["tuning_mean"] for a, r in k512.rows.items()
+            if a not in ("adam", "zo_muon") and r.get("B/2")]
+  assert zo["B/2"]["tuning_mean"] < min(others)
+  k512.has(f"best at {_rate(rate)}, k = 16's rate",
+           f"tuning-seed mean of {zo['B']['tuning_mean']:.3f} at B against tuned MeZO's "
+           f"{best['tuning_mean']:.3f}",
+           f"3e-2 ends at {down[0]:.3f} and {down[1]:.3f}, mean "
+           f"{np.mean([down[s] for s in report.TUNING_SEEDS]):.3f}",
+           f"{report.value_at(up, 400):.3f} at B; its seed 1 has not run",
+           f"on both seeds ({rises[0]} and {rises[1]})",
+           f"tuning-seed mean is {zo['B/2']['tuning_mean']:.3f}, the lowest of any "
+           f"zeroth-order arm at B/2 (MeZO's own is {k512.rows['mezo']['B/2']['tuning_mean']:.3f})",
+           f"below tuned MeZO's {best['tuning_mean']:.3f} at B",
+           f"{half[0]:.3f} against MeZO's {ref[0]:.3f} on seed 0",
+           f"{half[1]:.3f} against {ref[1]:.3f} on seed 1",
+           "have not run")
+
+
+def test_prompted_k512_prose_quotes_adam(k512):
+  """First-order Adam tuned at B/2: its rate, interior, its neighbours and k = 16's rate as
+  quoted; its CE at the evaluation serving B/2 against tuned MeZO's at B; every rate from
+  1e-4 up below tuned MeZO's CE at B by its first evaluation on both tuning seeds."""
+  from experiments.prompted import report
+
+  adam, ref = k512.rows["adam"]["B/2"], k512.ref
+  rate = adam["config"][2]
+  assert adam["interior"] and adam["config"][0] == "adam"
+  assert np.isclose(k512.rows16["adam"]["B/2"]["config"][2] * 10, rate)  # "ten times"
+  grid = report.by_config(report.select(k512.records, arm="adam"), 200)
+  rates = sorted(c[2] for c in grid)
+  down, up = (next(v for c, v in grid.items() if c[2] == r)
+              for r in (rates[rates.index(rate) - 1], rates[rates.index(rate) + 1]))
   runs = report.select(k512.records, arm="adam")
-  assert first == min(c["passes"] for r in runs for c in r["curve"] if c["passes"] > 0)
+  first = min(c["passes"] for r in runs for c in r["curve"] if c["passes"] > 0)
   (read,) = {report.point_at(r, 200)["passes"] for r in runs}  # the evaluation serving B/2
-  k512.has(f"At {_rate(k16[2])} (k = 16's choice, not tuned here)",
-           f"by its first evaluation, {first:.0f} pass-equivalents, on both tuning seeds",
-           f"at {read:.0f} it is at {halfway[0]:.3f} and {halfway[1]:.3f}, against MeZO's "
-           f"{ref[0]:.3f} and {ref[1]:.3f} at B", f"within {first:.0f} pass-equivalents")
+  for r in runs:
+    if r["lr"] >= 1e-4:
+      assert report.value_at(r, first) <= ref[r["seed"]], (r["lr"], r["seed"])
+  v = adam["values"]
+  k512.has(f"over {_rate(rates[0])} to {_rate(rates[-1])}, it is best at {_rate(rate)}, "
+           f"interior ({_rate(rates[rates.index(rate) - 1])} ends at {down[0]:.3f} and "
+           f"{down[1]:.3f}, {_rate(rates[rates.index(rate) + 1])} at {up[0]:.3f} and "
+           f"{up[1]:.3f})",
+           f"favoured {_rate(k512.rows16['adam']['B/2']['config'][2])}",
+           f"At {read:.0f} pass-equivalents it is at {v[0]:.3f} and {v[1]:.3f} (mean "
+           f"{adam['tuning_mean']:.3f}), against tuned MeZO's {ref[0]:.3f} and {ref[1]:.3f} "
+           "at B", f"by its first evaluation, {first:.0f} pass-equivalents, on both tuning seeds",
+           f"within {first:.0f} pass-equivalents")
 
 
 def test_prompted_pages_prose_quotes_the_table():
