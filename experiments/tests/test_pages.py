@@ -544,6 +544,7 @@ def test_prompted_k512_prose_quotes_zo_muon(k512):
   assert zo["B/2"]["tuning_mean"] < min(others)
   h = zo["B/2"]["vs_mezo_B"]
   (cross,) = [s for s, d in zip(h["seeds"], h["diffs"], strict=True) if d < 0]
+  assert cross == 2
   rest = [f(d) for s, d in zip(h["seeds"], h["diffs"], strict=True) if s != cross]
   hs = report.paired(half, k512.steady)
   assert min(hs["diffs"]) > 0  # "above it on every seed"
@@ -562,14 +563,13 @@ def test_prompted_k512_prose_quotes_zo_muon(k512):
       f"{cross}'s crossing alone ({f(h['diffs'][h['seeds'].index(cross)])}; {rest[0]} and "
       f"{rest[1]} on seeds 3 and 4)",
       f"{f(hs['mean'])} (t [{f(hs['t_lo'])}, {f(hs['t_hi'])}]) from MeZO at 1e-3"]
-  assert cross == 2
   rises = [s for s in range(5) if runs[s] > late[s]]
   falls = [s for s in range(5) if runs[s] < late[s]]
+  assert len(rises) == 3 and len(falls) == 2
   by = [f"{runs[s] - late[s]:.3f}" for s in rises]
   expected.append(f"turns up in its last 100 passes on seeds {rises[0]}, {rises[1]} and "
                   f"{rises[2]} (by {by[0]}, {by[1]} and {by[2]}) and falls through them on seeds "
                   f"{falls[0]} and {falls[1]}")
-  assert len(rises) == 3 and len(falls) == 2
   k512.has(*expected)
 
 
