@@ -252,6 +252,20 @@ def _signed(x: float, scale: float = 1.0, digits: int = 3) -> str:
   return f"{scale * x:+.{digits}f}"
 
 
+def _listed(items: list[str]) -> str:
+  """Items as the prose lists them: "a, b and c"."""
+  *first, last = items
+  return f"{', '.join(first)} and {last}" if first else last
+
+
+def _by_seed(p: dict, scale: float = 1.0, digits: int = 3) -> str:
+  """A paired difference as the pages quote it with its t interval and seeds: "+0.008 (t
+  [-0.073, +0.089]; +0.044, +0.001 and -0.020 by seed" (``scale`` 100: points)."""
+  f = lambda x: _signed(x, scale, digits)  # noqa: E731
+  return (f"{f(p['mean'])} (t [{f(p['t_lo'])}, {f(p['t_hi'])}]; "
+          f"{_listed([f(d) for d in p['diffs']])} by seed")
+
+
 def _quoted(p: dict, scale: float = 1.0, digits: int = 3, t: bool = False) -> list[str]:
   """A paired difference's mean and bootstrap interval (and with ``t`` its t interval), as
   the pages quote them."""
@@ -351,9 +365,8 @@ def test_prompted_k512_prose_quotes_mezo_at_the_steadier_rate(k512):
   k512.has(*_quoted(report.paired(
       report.by_config(report.select(records, arm="hizoo"), 400)[hizoo], steady), t=True))
   t = report.paired(report.test_at(records, hizoo, 400), k512.steady_test)
-  *first, last = [f(d, 100, 1) for d in t["diffs"]]
-  k512.has(f(t["mean"], 100, 1), f"t [{f(t['t_lo'], 100, 1)}, {f(t['t_hi'], 100, 1)}]",
-           f"{', '.join(first)} and {last} by seed")
+  mean, rest = _by_seed(t, 100, 1).split(" ", 1)
+  k512.has(f"{mean} points {rest}")
 
 
 def test_prompted_k512_prose_quotes_fzoo(k512):
@@ -376,9 +389,7 @@ def test_prompted_k512_prose_quotes_fzoo(k512):
   expected += [f(d) for d in half["diffs"]]
   expected += _quoted(fzoo["B"]["test_vs_mezo_B"], 100, 1, t=True)
   steady_diff = report.paired(fzoo_runs, k512.steady)
-  *first, last = [f(d) for d in steady_diff["diffs"]]
-  expected += [f"{f(steady_diff['mean'])} (t [{f(steady_diff['t_lo'])}, "
-               f"{f(steady_diff['t_hi'])}]; {', '.join(first)} and {last} by seed"]
+  expected.append(_by_seed(steady_diff))
   # by seed: first the two where tuned MeZO's validation accuracy fell most in its last 100
   # passes, then the others in seed order
   fall = {r["seed"]: report.point_at(r, 300)["accuracy"] - report.point_at(r, 400)["accuracy"]
@@ -386,10 +397,9 @@ def test_prompted_k512_prose_quotes_fzoo(k512):
   most = sorted(fall, key=fall.get, reverse=True)[:2]
   p = fzoo["B"]["test_vs_mezo_B"]
   diff = {s: f(d, 100, 1) for s, d in zip(p["seeds"], p["diffs"], strict=True)}
-  *others, last = [diff[s] for s in sorted(diff) if s not in most]
+  others = _listed([diff[s] for s in sorted(diff) if s not in most])
   expected.append(f"{diff[most[0]]} on seed {most[0]} and {diff[most[1]]} on seed {most[1]}, "
-                  f"where MeZO's validation accuracy fell most, {', '.join(others)} and {last} "
-                  "on the others")
+                  f"where MeZO's validation accuracy fell most, {others} on the others")
   # its grid: the neighbours on both tuning seeds, so the choice is interior, and it is the
   # package's setting for the task
   grid = report.by_config(report.select(records, arm="fzoo"), 400)
@@ -515,22 +525,19 @@ def test_prompted_k512_prose_quotes_zo_muon(k512):
   assert all(k512.ref[s] > k512.ref_300[s] for s in p["seeds"])
   rise = report.paired(runs, k512.ref_300)
   assert abs(rise["mean"]) < abs(p["mean"]) / 10
-  *first, last = [f(d) for d in rise["diffs"]]
-  expected.append(f"against MeZO's own curve at 300 passes it is {', '.join(first)} and {last}")
+  expected.append("against MeZO's own curve at 300 passes it is "
+                  + _listed([f(d) for d in rise["diffs"]]))
   steady = report.paired(runs, k512.steady)
-  *first, last = [f(d) for d in steady["diffs"]]
-  expected.append(f"{f(steady['mean'])} (t [{f(steady['t_lo'])}, {f(steady['t_hi'])}]; "
-                  f"{', '.join(first)} and {last} by seed")
+  expected.append(_by_seed(steady))
   t = report.paired(report.test_at(records, chosen, 400), k512.steady_test)
-  *first, last = [f(d, 100, 1) for d in t["diffs"]]
-  expected.append(f"in test accuracy {f(t['mean'], 100, 1)} points (t [{f(t['t_lo'], 100, 1)}, "
-                  f"{f(t['t_hi'], 100, 1)}]; {', '.join(first)} and {last} by seed")
+  mean, rest = _by_seed(t, 100, 1).split(" ", 1)
+  expected.append(f"in test accuracy {mean} points {rest}")
   every = zo["B"]["test_vs_mezo_B"]
   assert every["seeds"] == list(range(5))
   lo, hi, t_lo, t_hi = (f(every[x], 100, 1) for x in ("lo", "hi", "t_lo", "t_hi"))
-  *first, last = [f(d, 100, 1) for d in every["diffs"]]
   expected.append(f"over all five seeds is {f(every['mean'], 100, 1)} points (bootstrap "
-                  f"[{lo}, {hi}]; t [{t_lo}, {t_hi}]; {', '.join(first)} and {last} by seed)")
+                  f"[{lo}, {hi}]; t [{t_lo}, {t_hi}]; "
+                  f"{_listed([f(d, 100, 1) for d in every['diffs']])} by seed)")
   # "What to use" names the package's setting, which is these runs'
   setting = hz.presets.MEASURED["smollm2_prompted_lora_k512"]["zo_muon"]
   assert setting["learning_rate"] == rate and setting["rank"] == dict(chosen[5])["rank"] == 16
