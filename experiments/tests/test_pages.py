@@ -583,16 +583,113 @@ def test_prompted_k512_prose_quotes_zo_muon(k512):
   k512.has(*expected)
 
 
+def test_prompted_k512_prose_quotes_lozo(k512):
+  """LOZO-M: k = 16's setting, best at k = 16's rate at B and at B/2, interior, its
+  neighbours as quoted (1e-3 diverged on seed 0, turning up late on seed 1); on the confirming
+  seeds against tuned MeZO and MeZO at 1e-3 in validation CE and test accuracy, and over
+  every seed against tuned MeZO in test accuracy; tuned at B/2 against tuned MeZO at B and
+  at B/2; falling through its last 100 passes on every seed."""
+  import hizoo_jax as hz
+  from experiments.prompted import report
+
+  records, best, f = k512.records, k512.best, _signed
+  lz, lz16 = k512.rows["lozo"], k512.rows16["lozo"]
+  chosen = lz["B"]["config"]
+  assert lz["B/2"]["config"] == chosen and chosen[2] == lz16["B"]["config"][2]
+  assert chosen[5:] == lz16["B"]["config"][5:]  # "k = 16's setting"
+  assert dict(chosen[5]) == {"rank": 2, "momentum": 0.9}
+  assert lz["B"]["interior"] and lz["B/2"]["interior"]
+  mine = report.select(records, arm="lozo")
+  assert report.passes_per_step(records, chosen) == 2 and {r["steps"] for r in mine} == {200}
+  runs, late, half = (report.by_config(mine, b)[chosen] for b in (400, 300, 200))
+  assert set(runs) == set(half) == set(range(5))
+  # the grid on the tuning seeds: 1e-4 falling slowly, 1e-3 diverged on seed 0 and turning up
+  # late on seed 1 after the lowest CE of the three at 300 passes
+  grid = {c[2]: v for c, v in report.by_config(mine, 400).items()}
+  grid_half = {c[2]: v for c, v in report.by_config(mine, 200).items()}
+  grid_late = {c[2]: v for c, v in report.by_config(mine, 300).items()}
+  assert sorted(grid) == [1e-4, 3e-4, 1e-3]
+  assert all(grid[1e-4][s] < grid_late[1e-4][s] < grid_half[1e-4][s]
+             for s in report.TUNING_SEEDS)  # "still falling slowly"
+  (up0,) = [r for r in mine if r["lr"] == 1e-3 and r["seed"] == 0]
+  assert up0["diverged_at"] * 2 == 400 and report.value_at(up0, 400) > 1.5 * up0["curve"][0]["ce"]
+  chance = 1.96 * np.sqrt(0.25 / 1024)  # a coin's 95% band over 1,024 sentences
+  assert all(abs(c["accuracy"] - 0.5) < chance for c in up0["curve"] if c["passes"] >= 300)
+  assert grid_late[1e-3][1] == min(v[1] for v in grid_late.values())
+  assert grid[1e-3][1] > grid_late[1e-3][1]
+  mean = lambda v: np.mean([v[s] for s in report.TUNING_SEEDS])  # noqa: E731
+  expected = [
+      "At rank 2 and momentum 0.9 (k = 16's setting: two passes a step, 200 steps in B) it is "
+      f"best at {_rate(chosen[2])}, k = 16's rate at B, at B and at B/2, interior, with a "
+      f"tuning-seed mean of {lz['B']['tuning_mean']:.3f} at B against tuned MeZO's "
+      f"{best['tuning_mean']:.3f}, as at k = 16 it ended above tuned MeZO "
+      f"({lz16['B']['tuning_mean']:.3f} against {k512.rows16['mezo']['B']['tuning_mean']:.3f} "
+      "there)",
+      f"1e-4 ends at {grid[1e-4][0]:.3f} and {grid[1e-4][1]:.3f}, still falling slowly",
+      f"1e-3 leaves the basin on seed 0 ({grid[1e-3][0]:.3f} at B, where it counts as "
+      "diverged; validation accuracy at chance from 300 passes)",
+      f"to {grid_late[1e-3][1]:.3f} at 300 passes, then turns up to {grid[1e-3][1]:.3f} at B",
+      f"at B/2 its mean is {mean(grid_half[1e-3]):.3f} against 3e-4's "
+      f"{lz['B/2']['tuning_mean']:.3f}"]
+  assert lz["B"]["tuning_mean"] > best["tuning_mean"]
+  assert lz16["B"]["tuning_mean"] > k512.rows16["mezo"]["B"]["tuning_mean"]
+  assert mean(grid_half[1e-3]) > lz["B/2"]["tuning_mean"]
+  # the confirming seeds: below tuned MeZO at B on seed 2 alone, where MeZO turned up late
+  p = lz["B"]["vs_mezo_B"]
+  assert p["seeds"] == [2, 3, 4] and p["mean"] < 0
+  assert [d < 0 for d in p["diffs"]] == [True, False, False] and k512.ref[2] > k512.ref_300[2]
+  lo, hi, t_lo, t_hi = (f(p[x]) for x in ("lo", "hi", "t_lo", "t_hi"))
+  expected.append(f"LOZO-M ends {abs(p['mean']):.3f} below tuned MeZO at B (bootstrap [{lo}, "
+                  f"{hi}]; t [{t_lo}, {t_hi}]; {_listed([f(d) for d in p['diffs']])} by seed): "
+                  "below it on seed 2 alone, MeZO's late rise")
+  steady = report.paired(runs, k512.steady)
+  assert min(steady["diffs"]) > 0  # "above MeZO at the steadier rate on every confirming seed"
+  expected.append(f"Against MeZO at 1e-3 it ends {_by_seed(steady)}")
+  t = report.paired(report.test_at(records, chosen, 400), k512.steady_test)
+  m, rest = _by_seed(t, 100, 1).split(" ", 1)
+  expected.append(f"in test accuracy {m} points {rest}")
+  every = lz["B"]["test_vs_mezo_B"]
+  assert every["seeds"] == list(range(5))
+  lo, hi, t_lo, t_hi = (f(every[x], 100, 1) for x in ("lo", "hi", "t_lo", "t_hi"))
+  expected.append(f"over all five seeds is {f(every['mean'], 100, 1)} points (bootstrap "
+                  f"[{lo}, {hi}]; t [{t_lo}, {t_hi}]; "
+                  f"{_listed([f(d, 100, 1) for d in every['diffs']])} by seed)")
+  # tuned at B/2: through seed 2's crossing alone, and above MeZO's own B/2 on every seed
+  h = lz["B/2"]["vs_mezo_B"]
+  assert [d < 0 for d in h["diffs"]] == [True, False, False]
+  own = report.paired(half, report.by_config(report.select(records, arm="mezo"), 200)[
+      k512.rows["mezo"]["B/2"]["config"]])
+  assert min(own["diffs"]) > 0
+  expected += [
+      f"Tuned at B/2 (3e-4 again, {lz['B/2']['tuning_mean']:.3f} on the tuning seeds) it ends "
+      f"{f(h['mean'])} (t [{f(h['t_lo'])}, {f(h['t_hi'])}]) from tuned MeZO at B through seed "
+      f"2's crossing alone ({f(h['diffs'][0])}; {f(h['diffs'][1])} and {f(h['diffs'][2])} on "
+      "seeds 3 and 4)",
+      f"above tuned MeZO's own B/2 on every seed ({f(own['mean'])}, t [{f(own['t_lo'])}, "
+      f"{f(own['t_hi'])}])"]
+  drops = [late[s] - runs[s] for s in range(5)]
+  assert min(drops) > 0
+  expected.append(f"falls through its last 100 passes on every seed, by {min(drops):.3f}-"
+                  f"{max(drops):.3f}")
+  # the package's setting is these runs'
+  setting = hz.presets.MEASURED["smollm2_prompted_lora_k512"]["lozo"]
+  assert setting["learning_rate"] == chosen[2]
+  assert (setting["rank"], setting["momentum"]) == (2, 0.9)
+  expected.append('(`hz.presets.measured("lozo", "smollm2_prompted_lora_k512")`, 3e-4 at rank 2) '
+                  "ends above MeZO at 1e-3 on every confirming seed")
+  k512.has(*expected)
+
+
 def test_readme_quotes_the_k512_task(k512):
   """The README's k = 512 sentences: HiZOO against tuned MeZO and MeZO at 1e-3 (validation
-  and test, the steps each takes), FZOO and ZO-Muon against MeZO at 1e-3, and the three
-  at 200 passes (their 400-pass settings) against tuned MeZO at B, seed by seed."""
+  and test, the steps each takes), FZOO, ZO-Muon and LOZO-M against MeZO at 1e-3, and the
+  four at 200 passes (their 400-pass settings) against tuned MeZO at B, seed by seed."""
   from experiments.prompted import report
 
   readme = " ".join(_read("README.md").split())
   records, f = k512.records, _signed
   runs = {a: report.by_config(report.select(records, arm=a), 400)[k512.rows[a]["B"]["config"]]
-          for a in ("hizoo", "fzoo", "zo_muon")}
+          for a in ("hizoo", "fzoo", "zo_muon", "lozo")}
   p = k512.rows["hizoo"]["B"]["vs_mezo_B"]
   assert p["seeds"] == [2, 3, 4] and max(p["diffs"]) < 0 and p["t_lo"] < 0 < p["t_hi"]
   steady = report.paired(runs["hizoo"], k512.steady)
@@ -609,20 +706,24 @@ def test_readme_quotes_the_k512_task(k512):
             f"(by {-100 * test['mean']:.1f} points on average, t interval "
             f"[{f(test['t_lo'], 100, 1)}, {f(test['t_hi'], 100, 1)}])",
             "taken 133 times instead of 200"]
-  fzoo, zo = (report.paired(runs[a], k512.steady) for a in ("fzoo", "zo_muon"))
-  assert all(set(runs[a]) == set(range(5)) for a in ("fzoo", "zo_muon"))
+  fzoo, zo, lozo = (report.paired(runs[a], k512.steady) for a in ("fzoo", "zo_muon", "lozo"))
+  assert all(set(runs[a]) == set(range(5)) for a in ("fzoo", "zo_muon", "lozo"))
   assert max(fzoo["diffs"]) < 0 and fzoo["mean"] > -0.03  # "at or a little below"
   assert abs(zo["mean"]) < 0.01  # "level"
-  quotes.append(f"FZOO ends at or a little below MeZO at 1e-3 ({f(fzoo['mean'])}) and ZO-Muon "
-                f"level with it ({f(zo['mean'])})")
-  for arm in ("hizoo", "fzoo", "zo_muon"):  # tuned at B/2: the B configuration at 200 passes
+  assert min(lozo["diffs"]) > 0  # "above it on every confirming seed"
+  quotes.append(f"FZOO ends at or a little below MeZO at 1e-3 ({f(fzoo['mean'])}), ZO-Muon "
+                f"level with it ({f(zo['mean'])}) and LOZO-M above it on every confirming seed "
+                f"({f(lozo['mean'])})")
+  # tuned at B/2: the B configuration at 200 passes
+  for arm in ("hizoo", "fzoo", "zo_muon", "lozo"):
     half = report.by_config(report.select(records, arm=arm), 200)[k512.rows[arm]["B"]["config"]]
     h = report.paired(half, k512.ref)
     by_seed = dict(zip(h["seeds"], h["diffs"], strict=True))
     assert h["mean"] < 0 and by_seed[2] < 0 and by_seed[3] > 0 and by_seed[4] > 0, arm
   assert k512.ref[2] > k512.ref_300[2]  # "where MeZO turned up late"
-  quotes.append("below tuned MeZO's loss at 400 on the mean only through seed 2, where MeZO "
-                "turned up late; on the other two confirming seeds they are above it")
+  quotes.append("HiZOO, FZOO, ZO-Muon and LOZO-M are below tuned MeZO's loss at 400 on the mean "
+                "only through seed 2, where MeZO turned up late; on the other two confirming "
+                "seeds they are above it")
   for q in quotes:
     assert q in readme, q
 

@@ -341,7 +341,7 @@ def test_run_keys_name_every_setting_that_changes_the_run():
 
 
 @pytest.mark.parametrize("k, arms", [(16, {"mezo", "fzoo", "hizoo"}),
-                                     (512, {"mezo", "fzoo", "hizoo", "zo_muon"})])
+                                     (512, {"mezo", "fzoo", "hizoo", "zo_muon", "lozo"})])
 def test_the_measured_prompted_settings_are_the_tables_selection(k, arms):
   """``hz.presets.MEASURED``'s prompted-LLM tasks are what the committed table selects at
   each k (``report --measured [--k 512]``), and each setting builds its method."""
