@@ -266,6 +266,22 @@ def _by_seed(p: dict, scale: float = 1.0, digits: int = 3) -> str:
           f"{_listed([f(d) for d in p['diffs']])} by seed")
 
 
+def _in_points(p: dict) -> str:
+  """A paired difference of test accuracy as the pages quote it: "-1.8 points (t [-6.4,
+  +2.9]; -0.3, -3.9 and -1.0 by seed"."""
+  mean, rest = _by_seed(p, 100, 1).split(" ", 1)
+  return f"{mean} points {rest}"
+
+
+def _over_every_seed(p: dict) -> str:
+  """A test-accuracy difference over every seed, with both intervals, as the pages quote it:
+  "over all five seeds is +6.1 points (bootstrap [..]; t [..]; a, b, c, d and e by seed)"."""
+  f = lambda x: _signed(x, 100, 1)  # noqa: E731
+  return (f"over all five seeds is {f(p['mean'])} points (bootstrap [{f(p['lo'])}, "
+          f"{f(p['hi'])}]; t [{f(p['t_lo'])}, {f(p['t_hi'])}]; "
+          f"{_listed([f(d) for d in p['diffs']])} by seed)")
+
+
 def _quoted(p: dict, scale: float = 1.0, digits: int = 3, t: bool = False) -> list[str]:
   """A paired difference's mean and bootstrap interval (and with ``t`` its t interval), as
   the pages quote them."""
@@ -365,8 +381,7 @@ def test_prompted_k512_prose_quotes_mezo_at_the_steadier_rate(k512):
   k512.has(*_quoted(report.paired(
       report.by_config(report.select(records, arm="hizoo"), 400)[hizoo], steady), t=True))
   t = report.paired(report.test_at(records, hizoo, 400), k512.steady_test)
-  mean, rest = _by_seed(t, 100, 1).split(" ", 1)
-  k512.has(f"{mean} points {rest}")
+  k512.has(_in_points(t))
 
 
 def test_prompted_k512_prose_quotes_fzoo(k512):
@@ -427,9 +442,7 @@ def test_prompted_k512_prose_quotes_fzoo(k512):
   assert report.passes_per_step(records, fzoo["B"]["config"]) == k16["num_directions"] + 1
   assert {r["mu"] for r in report.select(records, arm="fzoo")} == {k16["mu"]}
   t = report.paired(report.test_at(records, fzoo["B"]["config"], 400), k512.steady_test)
-  expected.append(f"in test accuracy {f(t['mean'], 100, 1)} points (t [{f(t['t_lo'], 100, 1)}, "
-                  f"{f(t['t_hi'], 100, 1)}]; {', '.join(f(d, 100, 1) for d in t['diffs'][:-1])} "
-                  f"and {f(t['diffs'][-1], 100, 1)} by seed")
+  expected.append(f"in test accuracy {_in_points(t)}")
   expected += [f"{fzoo['B/2']['tuning_mean']:.3f}", f"{best['tuning_mean']:.3f} at B"]
   k512.has(*expected)
   assert fzoo["B/2"]["tuning_mean"] > best["tuning_mean"]
@@ -530,14 +543,10 @@ def test_prompted_k512_prose_quotes_zo_muon(k512):
   steady = report.paired(runs, k512.steady)
   expected.append(_by_seed(steady))
   t = report.paired(report.test_at(records, chosen, 400), k512.steady_test)
-  mean, rest = _by_seed(t, 100, 1).split(" ", 1)
-  expected.append(f"in test accuracy {mean} points {rest}")
+  expected.append(f"in test accuracy {_in_points(t)}")
   every = zo["B"]["test_vs_mezo_B"]
   assert every["seeds"] == list(range(5))
-  lo, hi, t_lo, t_hi = (f(every[x], 100, 1) for x in ("lo", "hi", "t_lo", "t_hi"))
-  expected.append(f"over all five seeds is {f(every['mean'], 100, 1)} points (bootstrap "
-                  f"[{lo}, {hi}]; t [{t_lo}, {t_hi}]; "
-                  f"{_listed([f(d, 100, 1) for d in every['diffs']])} by seed)")
+  expected.append(_over_every_seed(every))
   # "What to use" names the package's setting, which is these runs'
   setting = hz.presets.MEASURED["smollm2_prompted_lora_k512"]["zo_muon"]
   assert setting["learning_rate"] == rate and setting["rank"] == dict(chosen[5])["rank"] == 16
@@ -649,14 +658,10 @@ def test_prompted_k512_prose_quotes_lozo(k512):
   assert min(steady["diffs"]) > 0  # "above MeZO at the steadier rate on every confirming seed"
   expected.append(f"Against MeZO at 1e-3 it ends {_by_seed(steady)}")
   t = report.paired(report.test_at(records, chosen, 400), k512.steady_test)
-  m, rest = _by_seed(t, 100, 1).split(" ", 1)
-  expected.append(f"in test accuracy {m} points {rest}")
+  expected.append(f"in test accuracy {_in_points(t)}")
   every = lz["B"]["test_vs_mezo_B"]
   assert every["seeds"] == list(range(5))
-  lo, hi, t_lo, t_hi = (f(every[x], 100, 1) for x in ("lo", "hi", "t_lo", "t_hi"))
-  expected.append(f"over all five seeds is {f(every['mean'], 100, 1)} points (bootstrap "
-                  f"[{lo}, {hi}]; t [{t_lo}, {t_hi}]; "
-                  f"{_listed([f(d, 100, 1) for d in every['diffs']])} by seed)")
+  expected.append(_over_every_seed(every))
   # tuned at B/2: through seed 2's crossing alone, and above MeZO's own B/2 on every seed
   h = lz["B/2"]["vs_mezo_B"]
   assert [d < 0 for d in h["diffs"]] == [True, False, False]
